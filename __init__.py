@@ -1,0 +1,1 @@
+"""seq2serve: a serving runtime for encoder-decoder and cross-attention models."""

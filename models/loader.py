@@ -1,0 +1,118 @@
+"""Build a model on the meta device and fill it from a local Hugging Face safetensors directory
+(single file or sharded with model.safetensors.index.json). Every parameter must be filled and
+every tensor must be known: either mismatch is an error naming the tensor."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+from seq2serve.models import registry
+
+logger = logging.getLogger(__name__)
+
+
+def checkpoint_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map", {})
+        files = sorted(set(weight_map.values()))
+        if not files:
+            raise ValueError(f"{index} has an empty weight_map")
+        for name in files:
+            if not os.path.isfile(os.path.join(model_dir, name)):
+                raise ValueError(f"{index} names shard {name!r}, which is not in {model_dir}")
+        return [os.path.join(model_dir, name) for name in files]
+    if os.path.isfile(single):
+        return [single]
+    hint = " (only safetensors checkpoints are supported)" if any(
+        f.endswith((".bin", ".pt", ".gguf")) for f in os.listdir(model_dir)) else ""
+    raise ValueError(
+        f"no model weights in {model_dir}: expected model.safetensors or "
+        f"model.safetensors.index.json{hint}"
+    )
+
+
+def load_model(model_config, device: str, dtype: torch.dtype) -> nn.Module:
+    cls = registry.model_class(model_config.architecture)
+    files = checkpoint_files(model_config.model_path)  # fail before allocating anything
+    with torch.device("meta"):
+        model = cls(model_config.arch)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    load_weights(model, files)
+    return model.eval()
+
+
+def load_weights(model: nn.Module, files: list[str]) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    shard_sizes = {name: _shard_sizes(model, name) for name in params}
+    expected = {(name, s) for name in params
+                for s in (range(len(shard_sizes[name])) if shard_sizes[name] else [None])}
+    loaded: set[tuple[str, int | None]] = set()
+    source: dict[tuple[str, int | None], str] = {}
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            names = list(f.keys())
+            for name in tqdm(names, desc=f"Loading {os.path.basename(path)}", unit="tensor",
+                             leave=False, disable=None):
+                targets = model.weight_map(name)
+                if targets is None:
+                    raise ValueError(f"unexpected tensor {name!r} in {path}")
+                tensor = f.get_tensor(name)
+                for pname, shard in targets:
+                    if pname not in params:
+                        raise ValueError(
+                            f"unexpected tensor {name!r} in {path}: this configuration has no "
+                            f"such layer (config.json and weights disagree?)"
+                        )
+                    _copy(params[pname], shard_sizes[pname], tensor, shard, name)
+                    loaded.add((pname, shard))
+                    source[(pname, shard)] = name
+    missing = expected - loaded
+    still = model.tie_missing({pname for pname, _ in missing})
+    missing = {pair for pair in missing if pair[0] in still}
+    if missing:
+        names = _checkpoint_names_for(model, missing)
+        raise ValueError(f"checkpoint is missing tensor(s): {', '.join(sorted(names)[:10])}"
+                         + (" ..." if len(names) > 10 else ""))
+    logger.info("loaded %d tensors from %d file(s)", len(source), len(files))
+
+
+def _shard_sizes(model: nn.Module, param_name: str) -> list[int] | None:
+    """Row counts of the checkpoint tensors fused into this parameter (None: just one)."""
+    module_name = param_name.rpartition(".")[0]
+    return getattr(model.get_submodule(module_name), "shard_sizes", None)
+
+
+def _copy(param: torch.Tensor, sizes: list[int] | None, tensor: torch.Tensor,
+          shard: int | None, name: str) -> None:
+    if shard is None:
+        dst = param.data
+    else:
+        dst = param.data.narrow(0, sum(sizes[:shard]), sizes[shard])
+    if tuple(tensor.shape) != tuple(dst.shape):
+        raise ValueError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+            f"{tuple(dst.shape)} (does config.json match the weights?)"
+        )
+    dst.copy_(tensor)
+
+
+def _checkpoint_names_for(model: nn.Module, missing: set[tuple[str, int | None]]) -> list[str]:
+    """The checkpoint tensor names that would fill the `missing` (param, shard) pairs."""
+    from importlib import import_module
+
+    weights = import_module(type(model).__module__.rsplit(".", 1)[0] + ".weights")
+    names = []
+    for name in weights.checkpoint_names(model.cfg):
+        if any(pair in missing for pair in (model.weight_map(name) or [])):
+            names.append(name)
+    return names or sorted(f"{p}[{s}]" for p, s in missing)

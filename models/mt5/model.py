@@ -1,0 +1,160 @@
+"""T5 v1.1 / mT5 (and original T5): an encoder stack and a decoder stack with cross-attention.
+
+Reads like the paper's diagram: pre-norm residual blocks, no attention scaling, one bucketed
+relative position bias per stack shared by all its layers. Batching, paging and caching are the
+runtime's: every layer gets the ForwardBatch and calls the attention backend through it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from seq2serve.models.attention import Attention
+from seq2serve.models.linear import Linear
+from seq2serve.models.mlp import MLP, GatedMLP
+from seq2serve.models.mt5.config import T5Config
+from seq2serve.models.mt5.relative_position import RelativePositionBias
+from seq2serve.models.mt5.weights import hf_to_param
+from seq2serve.models.norm import RMSNorm
+from seq2serve.runtime.attention.base import AttentionKind
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.forward_batch import ForwardBatch
+
+
+def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
+    # T5 activations overflow float16; HF clamps the residual stream the same way
+    if x.dtype == torch.float16:
+        limit = torch.finfo(torch.float16).max - 1000
+        x = x.clamp(-limit, limit)
+    return x
+
+
+class T5SelfAttention(nn.Module):
+    def __init__(self, cfg: T5Config, kind: AttentionKind, layer_id: int) -> None:
+        super().__init__()
+        inner = cfg.num_heads * cfg.d_kv
+        self.inner = inner
+        self.qkv = Linear(cfg.d_model, [inner, inner, inner])
+        self.o = Linear(inner, cfg.d_model)
+        self.attn = Attention(kind, layer_id, cfg.num_heads, cfg.num_heads, cfg.d_kv, scaling=1.0)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch,
+                bias: RelativePositionBias) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(self.inner, dim=-1)
+        return self.o(self.attn(q, k, v, fb, bias))
+
+
+class T5CrossAttention(nn.Module):
+    def __init__(self, cfg: T5Config, layer_id: int) -> None:
+        super().__init__()
+        inner = cfg.num_heads * cfg.d_kv
+        self.inner = inner
+        self.q = Linear(cfg.d_model, inner)
+        self.kv = Linear(cfg.d_model, [inner, inner])
+        self.o = Linear(inner, cfg.d_model)
+        self.attn = Attention(AttentionKind.CROSS, layer_id, cfg.num_heads, cfg.num_heads,
+                              cfg.d_kv, scaling=1.0)
+
+    def store_kv(self, encoder_hidden: torch.Tensor, fb: ForwardBatch) -> None:
+        k, v = self.kv(encoder_hidden).split(self.inner, dim=-1)
+        self.attn.store_cross_kv(k, v, fb)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.o(self.attn(self.q(x), None, None, fb))
+
+
+def _feed_forward(cfg: T5Config) -> nn.Module:
+    cls = GatedMLP if cfg.is_gated else MLP
+    return cls(cfg.d_model, cfg.d_ff, cfg.activation)
+
+
+class T5EncoderBlock(nn.Module):
+    def __init__(self, cfg: T5Config) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.self_attn = T5SelfAttention(cfg, AttentionKind.ENCODER, layer_id=-1)
+        self.ff_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.ff = _feed_forward(cfg)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch,
+                bias: RelativePositionBias) -> torch.Tensor:
+        x = _clamp_fp16(x + self.self_attn(self.attn_norm(x), fb, bias))
+        return _clamp_fp16(x + self.ff(self.ff_norm(x)))
+
+
+class T5DecoderBlock(nn.Module):
+    def __init__(self, cfg: T5Config, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.self_attn = T5SelfAttention(cfg, AttentionKind.SELF, layer_id)
+        self.cross_attn_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.cross_attn = T5CrossAttention(cfg, layer_id)
+        self.ff_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.ff = _feed_forward(cfg)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch,
+                bias: RelativePositionBias) -> torch.Tensor:
+        x = _clamp_fp16(x + self.self_attn(self.self_attn_norm(x), fb, bias))
+        x = _clamp_fp16(x + self.cross_attn(self.cross_attn_norm(x), fb))
+        return _clamp_fp16(x + self.ff(self.ff_norm(x)))
+
+
+class T5ForConditionalGeneration(nn.Module):
+    config_class = T5Config
+
+    def __init__(self, cfg: T5Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.shared.weight.requires_grad_(False)
+        buckets, distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
+        self.encoder_bias = RelativePositionBias(buckets, distance, cfg.num_heads, True)
+        self.encoder_layers = nn.ModuleList(T5EncoderBlock(cfg) for _ in range(cfg.num_layers))
+        self.encoder_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.decoder_bias = RelativePositionBias(buckets, distance, cfg.num_heads, False)
+        self.decoder_layers = nn.ModuleList(
+            T5DecoderBlock(cfg, i) for i in range(cfg.num_decoder_layers)
+        )
+        self.decoder_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
+
+    # --- the encoder stage -------------------------------------------------------------------
+    def encode(self, input_ids: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """Run the encoder over a packed ragged batch; returns hidden states [tokens, d_model]."""
+        x = self.shared(input_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, fb, self.encoder_bias)
+        return self.encoder_norm(x)
+
+    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: ForwardBatch) -> None:
+        """Project the encoder output to each decoder layer's cross K/V, once."""
+        for layer in self.decoder_layers:
+            layer.cross_attn.store_kv(encoder_hidden, fb)
+
+    # --- the decoder -------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        x = self.shared(input_ids)
+        for layer in self.decoder_layers:
+            x = layer(x, fb, self.decoder_bias)
+        x = self.decoder_norm(x)
+        if self.cfg.scale_decoder_outputs:
+            x = x * (self.cfg.d_model**-0.5)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    # --- weights -----------------------------------------------------------------------------
+    weight_map = staticmethod(hf_to_param)
+
+    def tie_missing(self, missing: set[str]) -> set[str]:
+        """Tie lm_head to the embedding when the checkpoint has none and the config allows."""
+        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.shared.weight
+            missing = missing - {"lm_head.weight"}
+        return missing

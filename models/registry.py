@@ -1,0 +1,36 @@
+"""Architecture name (config.json "architectures") -> model class, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+_MODELS: dict[str, tuple[str, str]] = {
+    "T5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
+    "MT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
+}
+
+# model_type -> architecture, for configs written without "architectures"
+_MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def architecture_of(hf_config: dict) -> str:
+    archs = hf_config.get("architectures") or []
+    for arch in archs:
+        if arch in _MODELS:
+            return arch
+    model_type = hf_config.get("model_type")
+    if not archs and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    raise ValueError(
+        f"unsupported architecture {archs or model_type!r}; "
+        f"supported: {', '.join(supported_architectures())}"
+    )
+
+
+def model_class(architecture: str) -> type:
+    module_name, class_name = _MODELS[architecture]
+    return getattr(importlib.import_module(module_name), class_name)

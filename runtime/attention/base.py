@@ -1,0 +1,80 @@
+"""The attention backend interface: metadata once per batch, then one call per layer."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.forward_batch import ForwardBatch
+
+
+class AttentionKind(enum.Enum):
+    ENCODER = "encoder"  # bidirectional over one packed, ragged batch of encoder inputs
+    SELF = "self"  # causal decoder self-attention over the paged TokenToKVPool
+    CROSS = "cross"  # decoder queries over each request's own encoder K/V in the CrossKVPool
+
+
+class PositionBias(Protocol):
+    """A T5-style relative position bias: a [num_buckets, num_heads] table looked up by the
+    bucket of (key_pos - query_pos). Kernels read the fields; the reference calls it."""
+
+    weight: torch.Tensor
+    num_buckets: int
+    max_distance: int
+    bidirectional: bool
+
+    def __call__(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Bias of shape [num_heads, len(q_pos), len(k_pos)] in float32."""
+        ...
+
+
+class AttentionLayer(Protocol):
+    """What a backend needs to know about one attention call site."""
+
+    kind: AttentionKind
+    layer_id: int  # index into the TokenToKVPool (SELF) or the CrossKVPool (CROSS) layers
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+class AttentionBackend(ABC):
+    """Serves all three attention kinds. `init_forward_metadata` runs once per batch; layers
+    then call `forward` with q, k, v of shape [tokens, heads, head_dim] and get
+    [tokens, heads * head_dim] back."""
+
+    @abstractmethod
+    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                layer: AttentionLayer, fb: ForwardBatch,
+                position_bias: PositionBias | None = None) -> torch.Tensor:
+        if layer.kind is AttentionKind.SELF:
+            fb.token_to_kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+            return self.forward_self(q, layer, fb, position_bias)
+        if layer.kind is AttentionKind.CROSS:
+            return self.forward_cross(q, layer, fb)
+        return self.forward_encoder(q, k, v, layer, fb, position_bias)
+
+    def store_cross_kv(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor,
+                       fb: ForwardBatch) -> None:
+        """Write an encoder output's projected K/V into the CrossKVPool (encode stage)."""
+        fb.cross_kv_pool.set_kv(layer.layer_id, fb.cross_out_loc, k, v)
+
+    @abstractmethod
+    def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
+                     position_bias: PositionBias | None) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_cross(self, q: torch.Tensor, layer: AttentionLayer,
+                      fb: ForwardBatch) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        layer: AttentionLayer, fb: ForwardBatch,
+                        position_bias: PositionBias | None) -> torch.Tensor: ...

@@ -1,0 +1,87 @@
+"""Tiny random-weight checkpoints in Hugging Face format, for smoke runs, demos and tests.
+
+The weights are random: the text they produce is meaningless. They are scaled so that greedy
+decoding does not collapse into one repeated token, which keeps parity tests meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parent.parent / "models" / "assets"
+T5_TOKENIZER = ASSETS / "t5-tokenizer"
+
+DEMO_T5 = dict(vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+               num_decoder_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
+               tie_word_embeddings=False)
+
+
+def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                        mt5: bool = False, init_scale: float = 4.0,
+                        with_tokenizer: bool = True, **config) -> Path:
+    """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer).
+
+    `config` overrides DEMO_T5's fields (any T5Config field). `init_scale` multiplies HF's
+    initializer so tiny random models produce varied tokens.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import MT5Config, MT5ForConditionalGeneration, T5Config
+    from transformers import T5ForConditionalGeneration
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_kwargs = {**DEMO_T5, **config}
+    tied = cfg_kwargs.pop("tie_word_embeddings")
+    cfg_cls, model_cls = (MT5Config, MT5ForConditionalGeneration) if mt5 else (
+        T5Config, T5ForConditionalGeneration)
+    hf_config = cfg_cls(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                        initializer_factor=init_scale, tie_word_embeddings=tied, **cfg_kwargs)
+    torch.manual_seed(seed)
+    model = model_cls(hf_config).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        state.pop(k, None)
+    if tied:
+        state.pop("lm_head.weight", None)
+    else:
+        # an untied head of its own (transformers 5 ties it at init whatever the config says)
+        g = torch.Generator().manual_seed(seed + 1)
+        std = init_scale * hf_config.d_model**-0.5
+        state["lm_head.weight"] = torch.randn(state["shared.weight"].shape, generator=g) * std
+    torch_dtype = getattr(torch, dtype)
+    state = {k: v.to(torch_dtype) for k, v in state.items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config.to_dict()
+    cfg.update(architectures=[model_cls.__name__], tie_word_embeddings=tied,
+               scale_decoder_outputs=tied, dtype=dtype)
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    if with_tokenizer:
+        for f in T5_TOKENIZER.iterdir():
+            shutil.copy(f, out / f.name)
+    (out / "README.md").write_text(
+        "A tiny T5 v1.1-architecture checkpoint with RANDOM weights, written by "
+        "`seq2serve demo-checkpoint`. Its output is meaningless text; it exists for smoke "
+        "runs and tests. The tokenizer is the real T5 vocabulary (Apache-2.0).\n")
+    return out
+
+
+def default_demo_path() -> Path:
+    """The demo checkpoint in the user's cache, created on first use."""
+    cache = Path(os.environ.get("SEQ2SERVE_CACHE", Path.home() / ".cache" / "seq2serve"))
+    path = cache / "demo-t5"
+    if not (path / "model.safetensors").is_file():
+        logger.info("writing the demo checkpoint (random weights) to %s", path)
+        tmp = cache / "demo-t5.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_t5_checkpoint(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    return path

@@ -1,0 +1,41 @@
+"""Per-request slot tables: decoder position -> KV slot, and encoder position -> cross K/V slot."""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """`req_to_token[i, p]` is the TokenToKVPool slot of decoder position p of the request in
+    row i; `req_to_cross[i, j]` is the CrossKVPool slot of its encoder position j. Rows are
+    handed out by `alloc` and owned by one request until `free`. Attention kernels read these
+    tables directly, so a batch needs no per-step page-table rebuild.
+    """
+
+    def __init__(self, size: int, max_context_len: int, max_encoder_len: int, device: str):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.max_encoder_len = max_encoder_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self.req_to_cross = torch.zeros(
+            (size, max(max_encoder_len, 1)), dtype=torch.int32, device=device
+        )
+        self._free = list(range(size - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, idx: int) -> None:
+        assert idx not in self._free, f"request slot {idx} freed twice"
+        self._free.append(idx)
+
+    def check(self, owned: list[int]) -> None:
+        everything = sorted(self._free + owned)
+        if everything != list(range(self.size)):
+            raise AssertionError(
+                f"request slots: {len(self._free)} free + {len(owned)} owned != {self.size}"
+            )

@@ -1,0 +1,55 @@
+"""Paged decoder self-attention K/V for every layer."""
+
+from __future__ import annotations
+
+import torch
+
+from seq2serve.runtime.memory.page_allocator import PageAllocator
+
+
+class PagedKVBuffers:
+    """K and V buffers of shape [num_slots, num_kv_heads, head_dim] per layer, handed out in
+    pages of `page_size` slots. Page 0 is a scratch page that is never allocated: padded
+    entries of a batch (CUDA graphs) write there harmlessly.
+    """
+
+    def __init__(self, num_pages: int, page_size: int, num_layers: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: str) -> None:
+        self.page_size = page_size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.allocator = PageAllocator(num_pages, first_page=1)
+        num_slots = (num_pages + 1) * page_size
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.allocator.num_pages * self.page_size
+
+    @property
+    def free_tokens(self) -> int:
+        return self.allocator.num_free * self.page_size
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
+        """Slot indices of positions [start, end) of a sequence stored in `pages` (CPU int32)."""
+        pos = torch.arange(start, end, dtype=torch.int32)
+        page_ids = torch.tensor(pages, dtype=torch.int32)[pos // self.page_size]
+        return page_ids * self.page_size + pos % self.page_size
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffers[layer_id][loc] = k.to(self.dtype)
+        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+
+class TokenToKVPool(PagedKVBuffers):
+    """Decoder self-attention K/V; one page of decoder tokens at a time."""

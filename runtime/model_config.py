@@ -1,0 +1,51 @@
+"""What the runtime knows about a checkpoint, read from its config.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from seq2serve.models import registry
+
+_DTYPE_NAMES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16",
+                "float16": "float16", "half": "float16"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str
+    architecture: str
+    checkpoint_dtype: str  # "float32" | "bfloat16" | "float16"
+    arch: Any  # the family's frozen config (e.g. models.mt5.config.T5Config)
+
+    @classmethod
+    def from_path(cls, model_path: str) -> ModelConfig:
+        path = os.path.join(model_path, "config.json")
+        if not os.path.isdir(model_path):
+            raise ValueError(f"model path {model_path!r} is not a directory")
+        if not os.path.isfile(path):
+            raise ValueError(f"model path {model_path!r} has no config.json")
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        architecture = registry.architecture_of(hf)
+        model_cls = registry.model_class(architecture)
+        dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+        return cls(
+            model_path=model_path,
+            architecture=architecture,
+            checkpoint_dtype=_DTYPE_NAMES.get(str(dtype), "float32"),
+            arch=model_cls.config_class.from_hf(hf),
+        )
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.arch.is_encoder_decoder
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arch.vocab_size

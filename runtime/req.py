@@ -1,0 +1,98 @@
+"""One request's whole state: its encoder part and its decoder part."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from seq2serve.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from seq2serve.cross_attention.cross_kv_pool import CrossKVHandle
+
+
+@dataclass
+class FinishReason:
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None  # the stop token id or stop string that ended it
+    message: str | None = None  # why an abort happened
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type}
+        if self.matched is not None:
+            d["matched"] = self.matched
+        if self.message is not None:
+            d["message"] = self.message
+        return d
+
+
+@dataclass(eq=False)
+class Req:
+    # --- set by the tokenizer manager ---
+    rid: str
+    encoder_input_ids: list[int]  # the encoder's input; [] for decoder-only models
+    decoder_input_ids: list[int]  # the decoder prompt (T5: start token + any forced prefix)
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    encoder_key: str | None = None  # identifies the encoder input (for the encoder cache)
+
+    # --- set by the scheduler: encoder part ---
+    cross_kv: CrossKVHandle | None = None  # where this request's cross K/V live
+    # --- set by the scheduler: decoder part ---
+    req_pool_idx: int | None = None  # row in the ReqToTokenPool
+    kv_pages: list[int] = field(default_factory=list)  # TokenToKVPool pages, in order
+    kv_len: int = 0  # decoder positions whose K/V are (being) computed; slots cover exactly these
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finished_reason: FinishReason | None = None
+    num_retractions: int = 0
+    # --- timing (set by the scheduler) ---
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every decoder token: the prompt followed by what has been generated."""
+        return self.decoder_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.decoder_input_ids) + len(self.output_ids)
+
+    @property
+    def encoder_len(self) -> int:
+        return len(self.encoder_input_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def needs_encoder(self) -> bool:
+        return self.encoder_len > 0 and (self.cross_kv is None or not self.cross_kv.ready)
+
+    def check_finished(self, eos_ids: tuple[int, ...], tail_text) -> None:
+        """Set finished_reason after a token was appended. `tail_text(ids)` decodes ids."""
+        sp = self.sampling_params
+        token = self.output_ids[-1]
+        if len(self.output_ids) >= sp.min_new_tokens:
+            if token in sp.stop_token_ids:
+                self.finished_reason = FinishReason("stop", matched=token)
+                return
+            if not sp.ignore_eos and token in eos_ids:
+                self.finished_reason = FinishReason("stop", matched=token)
+                return
+            if sp.stop:
+                longest = max(len(s) for s in sp.stop)
+                # enough tokens to cover the string even when tokens are partial characters
+                text = tail_text(self.output_ids[-(longest + 8):])
+                for s in sp.stop:
+                    if s in text:
+                        self.finished_reason = FinishReason("stop", matched=s)
+                        return
+        if len(self.output_ids) >= sp.max_new_tokens:
+            self.finished_reason = FinishReason("length")

@@ -1,0 +1,68 @@
+"""ScheduleBatch: the scheduler's CPU-side view of one forward over many requests.
+
+It knows the pools (through RequestMemory), never the model. Building one assigns KV slots to
+the tokens it will compute and lays the batch out for the worker (ModelWorkerBatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from seq2serve.runtime.forward_batch import ForwardMode, ModelWorkerBatch
+from seq2serve.runtime.memory.request_memory import RequestMemory
+from seq2serve.runtime.req import Req
+from seq2serve.runtime.sampling_batch import SamplingBatch
+
+
+@dataclass
+class ScheduleBatch:
+    forward_mode: ForwardMode
+    reqs: list[Req]
+    worker_batch: ModelWorkerBatch
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    @classmethod
+    def encode(cls, reqs: list[Req]) -> ScheduleBatch:
+        """Run the encoder over `reqs` (packed, no padding) and fill their cross K/V slots."""
+        assert all(r.cross_kv is not None and not r.cross_kv.ready for r in reqs)
+        wb = ModelWorkerBatch(
+            forward_mode=ForwardMode.ENCODE,
+            encoder_input_ids=torch.tensor([t for r in reqs for t in r.encoder_input_ids]),
+            cross_out_loc=torch.cat([r.cross_kv.loc for r in reqs]),
+            encoder_lens=[r.encoder_len for r in reqs],
+        )
+        return cls(ForwardMode.ENCODE, reqs, wb)
+
+    @classmethod
+    def extend_or_decode(cls, mode: ForwardMode, reqs: list[Req], memory: RequestMemory,
+                         sampling: SamplingBatch) -> ScheduleBatch:
+        """Compute every decoder token of `reqs` not yet in the KV pool (one per request when
+        decoding). The caller has made sure the pool has room (admission / retraction)."""
+        ids, positions, locs, extend_lens = [], [], [], []
+        for r in reqs:
+            start, end = r.kv_len, r.seq_len
+            slots = memory.alloc_tokens(r, end)
+            assert slots is not None, "scheduler admitted a request the KV pool cannot hold"
+            ids.extend(r.fill_ids[start:end])
+            positions.append(torch.arange(start, end))
+            locs.append(slots)
+            extend_lens.append(end - start)
+        if mode is ForwardMode.DECODE:
+            assert all(n == 1 for n in extend_lens)
+        wb = ModelWorkerBatch(
+            forward_mode=mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.cat(positions),
+            out_cache_loc=torch.cat(locs),
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            seq_lens=[r.seq_len for r in reqs],
+            extend_lens=extend_lens,
+            encoder_lens=[r.encoder_len for r in reqs],
+            sampling=sampling,
+        )
+        return cls(mode, reqs, wb)

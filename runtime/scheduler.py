@@ -1,0 +1,205 @@
+"""The Scheduler: a waiting queue and a running batch, continuous batching.
+
+Each `step()` either admits waiting requests (encoder stage for those that need it, then one
+EXTEND batch of their decoder prompts) or runs one DECODE step for every running request.
+Requests that arrive while others decode join at the next step; finished ones leave and free
+their memory at once. When the KV pool cannot hold the next decode step, the requests with the
+least progress are retracted (memory freed, cross K/V kept) and resumed later by recomputing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from seq2serve.encoders.encoder_stage import EncoderStage
+from seq2serve.runtime.forward_batch import ForwardMode
+from seq2serve.runtime.io_struct import TokenizedRequest, TokenOutput
+from seq2serve.runtime.memory.request_memory import RequestMemory
+from seq2serve.runtime.model_config import ModelConfig
+from seq2serve.runtime.req import FinishReason, Req
+from seq2serve.runtime.sampling_batch import SamplingBatch
+from seq2serve.runtime.schedule_batch import ScheduleBatch
+from seq2serve.runtime.server_args import ServerArgs
+from seq2serve.runtime.tp_worker import GenerationResult, TpModelWorker
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, model_config: ModelConfig, tokenizer=None) -> None:
+        self.args = args
+        self.model_config = model_config
+        self.tokenizer = tokenizer  # decodes output tails for stop strings
+        self.worker = TpModelWorker(args, model_config)
+        runner = self.worker.model_runner
+        self.device = runner.device
+        self.memory = RequestMemory(runner.req_to_token_pool, runner.token_to_kv_pool,
+                                    runner.cross_kv_pool)
+        self.encoder_stage = EncoderStage(self.worker)
+        eos = set(model_config.arch.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_ids = tuple(sorted(eos))
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.batch_log: list[tuple[str, int]] = []  # (forward mode, batch size) of each forward
+        self.last_result: GenerationResult | None = None
+
+    # --- requests in -------------------------------------------------------------------------
+    def add_request(self, tr: TokenizedRequest) -> None:
+        """Queue a request; ValueError (naming the problem) if it can never run."""
+        arch = self.model_config.arch
+        sp = tr.sampling_params
+        sp.validate(arch.vocab_size)
+        if self.find(tr.rid) is not None:
+            raise ValueError(f"request id {tr.rid!r} is already in use")
+        if arch.is_encoder_decoder and not tr.encoder_input_ids:
+            raise ValueError("the encoder input is empty")
+        if not tr.decoder_input_ids:
+            raise ValueError("the decoder input is empty")
+        for name, ids in (("input_ids", tr.encoder_input_ids),
+                          ("decoder_input_ids", tr.decoder_input_ids)):
+            bad = [t for t in ids if not 0 <= t < arch.vocab_size]
+            if bad:
+                raise ValueError(f"{name} has token id {bad[0]} outside [0, {arch.vocab_size})")
+        if sp.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model directory has none")
+        why = self.memory.fits_alone(len(tr.encoder_input_ids),
+                                     len(tr.decoder_input_ids) + sp.max_new_tokens)
+        if why:
+            raise ValueError(f"request too long: {why}")
+        self.waiting.append(Req(
+            rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
+            decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
+            stream=tr.stream, return_logprob=tr.return_logprob,
+            top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
+        ))
+
+    def abort_request(self, rid: str) -> TokenOutput | None:
+        """Finish a queued or running request now and free its memory."""
+        req = self.find(rid)
+        if req is None:
+            return None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+        req.finished_reason = FinishReason("abort", message="aborted by the client")
+        self.memory.release(req)
+        return self._output(req, [])
+
+    def find(self, rid: str) -> Req | None:
+        for r in self.running:
+            if r.rid == rid:
+                return r
+        for r in self.waiting:
+            if r.rid == rid:
+                return r
+        return None
+
+    # --- the loop body -----------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list[TokenOutput]:
+        """Run one forward (with the encoder stage before it when new inputs need it)."""
+        admitted = self._admit()
+        if admitted:
+            if any(r.needs_encoder for r in admitted):
+                enc = self.encoder_stage.run(admitted)
+                self.batch_log.append((ForwardMode.ENCODE.value, enc.batch_size))
+            outputs = self._run(ForwardMode.EXTEND, admitted)
+            self.running.extend(r for r in admitted if not r.finished)
+            return outputs
+        if self.running:
+            self._make_room_for_decode()
+            return self._run(ForwardMode.DECODE, list(self.running))
+        if self.args.debug_checks:
+            self.check_integrity()
+        return []
+
+    def _admit(self) -> list[Req]:
+        """Take waiting requests (FCFS) while slots, pools and the prefill budget allow."""
+        admitted: list[Req] = []
+        budget = self.args.max_prefill_tokens
+        while self.waiting:
+            if len(self.running) + len(admitted) >= self.args.max_running_requests:
+                break
+            req = self.waiting[0]
+            if admitted and req.seq_len > budget:
+                break
+            # keep a page free for every running request's next decode step
+            reserve = len(self.running) + len(admitted)
+            if not self.memory.admit(req, reserve_pages=reserve):
+                break
+            self.waiting.popleft()
+            admitted.append(req)
+            budget -= req.seq_len
+        return admitted
+
+    def _make_room_for_decode(self) -> None:
+        def need() -> int:
+            return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
+
+        free = self.memory.token_to_kv.allocator
+        while need() > free.num_free:
+            assert len(self.running) > 1, "a lone request always fits (checked at admission)"
+            # retract the request that has made the least progress: it loses the least work
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
+            self.running.remove(victim)
+            self.memory.release(victim, keep_cross=True)
+            victim.num_retractions += 1
+            self.waiting.appendleft(victim)
+            logger.info("retracted %s to make room (KV pool full)", victim.rid)
+
+    def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
+        sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
+                                           self.device)
+        batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
+        self.batch_log.append((mode.value, batch.batch_size))
+        result = self.worker.forward_generation(batch.worker_batch)
+        self.last_result = result
+        return self._process(batch, result)
+
+    def _process(self, batch: ScheduleBatch, result: GenerationResult) -> list[TokenOutput]:
+        outputs = []
+        now = time.monotonic()
+        for i, req in enumerate(batch.reqs):
+            token = result.next_token_ids[i]
+            req.output_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            logprobs = top = None
+            if req.return_logprob and result.logprobs is not None:
+                logprobs = [result.logprobs[i]]
+                req.output_logprobs += logprobs
+                if req.top_logprobs_num:
+                    top = [result.top_logprobs[i][: req.top_logprobs_num]]
+                    req.output_top_logprobs += top
+            req.check_finished(self.eos_ids, self._decode_tail)
+            if req.finished:
+                self.memory.release(req)
+                if req in self.running:
+                    self.running.remove(req)
+            outputs.append(self._output(req, [token], logprobs, top))
+        return outputs
+
+    def _decode_tail(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _output(self, req: Req, new_ids: list[int], logprobs=None, top=None) -> TokenOutput:
+        return TokenOutput(
+            rid=req.rid, new_token_ids=new_ids,
+            finished_reason=req.finished_reason.to_json() if req.finished else None,
+            prompt_tokens=req.encoder_len or len(req.decoder_input_ids),
+            completion_tokens=len(req.output_ids),
+            new_logprobs=logprobs, new_top_logprobs=top,
+        )
+
+    # --- integrity ---------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every slot of every pool is free or owned by a live request (AssertionError if not)."""
+        self.memory.check(list(self.running) + list(self.waiting))

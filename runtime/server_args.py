@@ -1,0 +1,76 @@
+"""Every option of the runtime in one frozen dataclass, shared by the engine, the CLI and the server."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("torch_native", "triton")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = None  # None: the demo checkpoint (created once in a cache dir)
+    tokenizer_path: str | None = None  # None: the model directory
+    device: str | None = None  # None: "cuda" when present, else "cpu"
+    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on the CPU
+    attention_backend: str | None = None  # None: "triton" on CUDA, "torch_native" elsewhere
+    page_size: int = 16  # decoder and encoder tokens per KV page
+    mem_fraction: float = 0.85  # share of free device memory for weights + pools
+    cross_kv_fraction: float | None = None  # share of the pool budget for cross K/V (None: by size)
+    max_total_tokens: int | None = None  # decoder KV pool size in tokens (None: from the budget)
+    max_cross_tokens: int | None = None  # cross K/V pool size in tokens (None: from the budget)
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384  # decoder tokens admitted by one extend batch
+    context_length: int | None = None  # longest decoder sequence (None: the model's, else 2048)
+    max_encoder_len: int | None = None  # longest encoder input (None: the model's, else 2048)
+    random_seed: int = 0
+    debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _positive = ("page_size", "max_running_requests", "max_prefill_tokens")
+        for name in _positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_total_tokens", "max_cross_tokens", "context_length", "max_encoder_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
+        if self.cross_kv_fraction is not None and not 0.0 < self.cross_kv_fraction < 1.0:
+            raise ValueError(f"cross_kv_fraction must be in (0, 1), got {self.cross_kv_fraction!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> ServerArgs:
+        """Build from keyword arguments, naming any that is not an option."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def resolved_device(self) -> str:
+        import torch
+
+        if self.device is not None:
+            if self.device.startswith("cuda") and not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r} requested but CUDA is not available")
+            return self.device
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_attention_backend(self, device: str) -> str:
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if device.startswith("cuda") else "torch_native"
