@@ -23,12 +23,13 @@ DEMO_T5 = dict(vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
 
 
 def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
-                        mt5: bool = False, init_scale: float = 4.0,
+                        mt5: bool = False, init_scale: float = 4.0, embed_scale: float = 1.0,
                         with_tokenizer: bool = True, **config) -> Path:
     """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer).
 
     `config` overrides DEMO_T5's fields (any T5Config field). `init_scale` multiplies HF's
-    initializer so tiny random models produce varied tokens.
+    initializer and `embed_scale` the embedding, so tiny random models produce varied tokens
+    (a tied head over large embeddings tends to repeat the previous token).
     """
     import torch
     from safetensors.torch import save_file
@@ -48,6 +49,7 @@ def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
         state.pop(k, None)
+    state["shared.weight"] = state["shared.weight"] * embed_scale
     if tied:
         state.pop("lm_head.weight", None)
     else:

@@ -1,4 +1,4 @@
-"""Messages between the tokenizer manager, the scheduler and the detokenizer."""
+"""Messages between the tokenizer manager, the scheduler and the detokenizer (pickled over ZMQ)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,24 @@ class AbortRequest:
 
 
 @dataclass
+class ControlRequest:
+    """A request to the scheduler that gets one ControlReply with the same `tag`."""
+
+    kind: str  # "flush_cache" | "check_integrity" | "stats"
+    tag: str
+
+
+@dataclass
+class ControlReply:
+    kind: str
+    tag: str
+    ok: bool
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class TokenOutput:
-    """New tokens of one request from one scheduler step (every token so far if finished)."""
+    """New tokens of one request from one scheduler step; `text` is filled by the detokenizer."""
 
     rid: str
     new_token_ids: list[int]
@@ -40,5 +56,14 @@ class TokenOutput:
     encoder_cache_hit: bool = False
     new_logprobs: list[float] | None = None
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
-    error: str | None = None  # set when the request was refused (bad input)
-    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # set when the scheduler refused the request (bad input)
+    # what the detokenizer needs to know about the request
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    # set by the detokenizer
+    text: str = ""
+
+
+@dataclass
+class BatchTokenOutput:
+    outputs: list[TokenOutput]

@@ -46,6 +46,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.batch_log: list[tuple[str, int]] = []  # (forward mode, batch size) of each forward
         self.last_result: GenerationResult | None = None
+        self.num_retractions = 0
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -152,6 +153,7 @@ class Scheduler:
             self.running.remove(victim)
             self.memory.release(victim, keep_cross=True)
             victim.num_retractions += 1
+            self.num_retractions += 1
             self.waiting.appendleft(victim)
             logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
@@ -197,7 +199,25 @@ class Scheduler:
             prompt_tokens=req.encoder_len or len(req.decoder_input_ids),
             completion_tokens=len(req.output_ids),
             new_logprobs=logprobs, new_top_logprobs=top,
+            stop=req.sampling_params.stop,
+            skip_special_tokens=req.sampling_params.skip_special_tokens,
         )
+
+    # --- operations --------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {
+            "running_requests": len(self.running),
+            "waiting_requests": len(self.waiting),
+            "encoder_forwards": self.encoder_stage.num_forwards,
+            "forwards": len(self.batch_log),
+            "max_batch_size": max((n for m, n in self.batch_log if m == "decode"), default=0),
+            "retractions": self.num_retractions,
+            **self.memory.usage(),
+        }
+
+    def flush_cache(self) -> bool:
+        """Drop every cached entry that no live request holds (nothing to drop yet)."""
+        return True
 
     # --- integrity ---------------------------------------------------------------------------
     def check_integrity(self) -> None:

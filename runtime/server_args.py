@@ -27,6 +27,7 @@ class ServerArgs:
     max_encoder_len: int | None = None  # longest encoder input (None: the model's, else 2048)
     random_seed: int = 0
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
+    log_level: str = "warning"
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,35 @@
+# make serve: set up a virtualenv and run the main job; make test: set up and run the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.deps-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
+
+.PHONY: setup serve generate test clean
+
+setup: $(STAMP)
+	@$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+
+# Dependencies, reinstalled only when pyproject.toml or constraints.txt change. Without an
+# NVIDIA driver, torch comes as the CPU build (never the multi-GB CUDA wheels).
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install -q torch; \
+	else \
+		$(BIN)/python -m pip install -q torch==2.13.0 || \
+		$(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	rm -f $(VENV)/.deps-* && touch $@
+
+serve: generate
+
+generate: setup
+	$(BIN)/seq2serve generate
+
+test: setup
+	$(BIN)/pytest -q -m "not gpu"
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,108 @@
+"""The `seq2serve` command line: generate, demo-checkpoint (serve and bench join later)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+
+from seq2serve.runtime.server_args import ServerArgs
+
+_SKIP = {"extra", "model_path"}
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """One flag per ServerArgs field (--model-path, --device, --dtype, --page-size, ...)."""
+    p.add_argument("--model-path", default=None,
+                   help="local Hugging Face model directory (default: the demo checkpoint)")
+    for f in dataclasses.fields(ServerArgs):
+        if f.name in _SKIP:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool",):
+            p.add_argument(flag, action="store_true", default=f.default)
+        else:
+            kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(
+                f.type, str)
+            p.add_argument(flag, type=kind, default=f.default)
+
+
+def server_args_from(ns: argparse.Namespace) -> dict:
+    names = {f.name for f in dataclasses.fields(ServerArgs)} - _SKIP
+    return {k: getattr(ns, k) for k in names if hasattr(ns, k)}
+
+
+def _cmd_generate(ns: argparse.Namespace) -> int:
+    from seq2serve.runtime.engine import Seq2SeqEngine
+
+    sampling = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
+    if ns.seed is not None:
+        sampling["seed"] = ns.seed
+    prompts = ns.prompt or ["translate English to German: The house is wonderful."]
+    with Seq2SeqEngine(model_path=ns.model_path, **server_args_from(ns)) as engine:
+        info = engine.info
+        print(f"# model {ns.model_path or 'demo checkpoint (random weights)'} | "
+              f"{info['architecture']} | {info['device']} {info['dtype']} | "
+              f"attention {info['attention_backend']}", file=sys.stderr)
+        for prompt in prompts:
+            if ns.stream:
+                for chunk in engine.generate(prompt=prompt, sampling_params=sampling,
+                                             stream=True):
+                    print(chunk["text"], end="", flush=True)
+                print()
+                continue
+            out = engine.generate(prompt=prompt, sampling_params=sampling)
+            if ns.json:
+                print(json.dumps({"prompt": prompt, **out}))
+            else:
+                print(f"> {prompt}\n{out['text']}\n  [{out['meta_info']['completion_tokens']} "
+                      f"tokens, finish: {out['meta_info']['finish_reason']['type']}]")
+    return 0
+
+
+def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
+    from seq2serve.runtime.demo_checkpoint import write_t5_checkpoint
+
+    if ns.family != "t5":
+        print(f"unknown family {ns.family!r}", file=sys.stderr)
+        return 2
+    path = write_t5_checkpoint(ns.out, seed=ns.seed, dtype=ns.dtype)
+    print(f"wrote a random-weight T5 v1.1 checkpoint to {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="seq2serve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for prompts and print it")
+    add_server_args(g)
+    g.add_argument("--prompt", action="append", help="input text (repeatable)")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stream", action="store_true")
+    g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    g.set_defaults(fn=_cmd_generate)
+
+    d = sub.add_parser("demo-checkpoint", help="write a tiny random-weight checkpoint")
+    d.add_argument("--family", default="t5", choices=["t5"])
+    d.add_argument("--out", required=True)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    d.set_defaults(fn=_cmd_demo_checkpoint)
+
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, getattr(ns, "log_level", "warning").upper()),
+                        format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return ns.fn(ns)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""What a caller asks for (`GenerateReqInput`) and its checks, before tokenization."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class GenerateReqInput:
+    """One call of generate: a single prompt or a batch. For encoder-decoder models `text` /
+    `input_ids` are the encoder input and `decoder_input_ids` an optional forced decoder prefix
+    (HF style: the decoder start token is prepended when missing)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    decoder_input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    rid: str | list[str] | None = None
+
+    def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
+        """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,
+        sampling_params, rid); raises ValueError naming the bad field."""
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text (prompt) or input_ids")
+        if self.text is not None:
+            is_batch = isinstance(self.text, list)
+            prompts = self.text if is_batch else [self.text]
+            if not prompts:
+                raise ValueError("text (prompt) is an empty list")
+            for i, t in enumerate(prompts):
+                if not isinstance(t, str):
+                    raise ValueError(f"text[{i}] must be a string, got {type(t).__name__}")
+                if not t:
+                    raise ValueError(f"text[{i}] is empty" if is_batch else "text is empty")
+            items = [{"text": t} for t in prompts]
+        else:
+            is_batch = _is_batch_of_ids(self.input_ids, "input_ids")
+            seqs = self.input_ids if is_batch else [self.input_ids]
+            if not seqs:
+                raise ValueError("input_ids is an empty list")
+            for i, s in enumerate(seqs):
+                if not s:
+                    raise ValueError(f"input_ids[{i}] is empty" if is_batch else "input_ids is empty")
+            items = [{"input_ids": list(s)} for s in seqs]
+        n = len(items)
+        for key, value in (("decoder_input_ids", self.decoder_input_ids),
+                           ("sampling_params", self.sampling_params), ("rid", self.rid)):
+            per = _per_prompt(key, value, n, is_batch)
+            for item, v in zip(items, per):
+                item[key] = v
+        for item in items:
+            d = item["decoder_input_ids"]
+            if d is not None and (not isinstance(d, list) or not all(_is_int(t) for t in d)):
+                raise ValueError("decoder_input_ids must be a list of token ids")
+            if item["rid"] is not None and not isinstance(item["rid"], str):
+                raise ValueError("rid must be a string")
+        if not isinstance(self.stream, bool):
+            raise ValueError("stream must be a boolean")
+        if not isinstance(self.return_logprob, bool):
+            raise ValueError("return_logprob must be a boolean")
+        if not _is_int(self.top_logprobs_num) or not 0 <= self.top_logprobs_num <= 20:
+            raise ValueError("top_logprobs_num must be an integer in [0, 20]")
+        return is_batch, items
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_batch_of_ids(ids: Any, name: str) -> bool:
+    if not isinstance(ids, list):
+        raise ValueError(f"{name} must be a list of token ids or a list of such lists")
+    if ids and all(isinstance(s, list) for s in ids):
+        for s in ids:
+            if not all(_is_int(t) for t in s):
+                raise ValueError(f"{name} must hold integer token ids")
+        return True
+    if not all(_is_int(t) for t in ids):
+        raise ValueError(f"{name} must be a list of token ids or a list of such lists")
+    return False
+
+
+def _per_prompt(key: str, value: Any, n: int, is_batch: bool) -> list[Any]:
+    """Spread a per-call value over the prompts, or check a per-prompt list's length."""
+    per_prompt_list = (
+        is_batch and isinstance(value, list)
+        and (key != "decoder_input_ids" or (value and isinstance(value[0], list)))
+    )
+    if per_prompt_list:
+        if len(value) != n:
+            raise ValueError(f"{key} has {len(value)} entries for {n} prompts")
+        return list(value)
+    if key == "rid" and is_batch and value is not None:
+        raise ValueError("rid must be a list with one id per prompt for a batch")
+    return [value] * n

@@ -1,0 +1,74 @@
+"""Turns a growing list of token ids into text, piece by piece, without splitting a multi-byte
+character or losing SentencePiece word-boundary spaces, and holding back text that may be the
+start of a stop string."""
+
+from __future__ import annotations
+
+_INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
+
+
+class IncrementalDetokenizer:
+    """Decodes a window that starts a few tokens back (`prefix_offset`) and emits what the new
+    tokens add to it. Decoding a window rather than single tokens keeps the leading space a
+    SentencePiece word piece owes to its context; waiting while the window ends in U+FFFD keeps
+    multi-byte characters whole."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True,
+                 stop: list[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = stop or []
+        self.ids: list[int] = []
+        self.text = ""  # every complete character decoded so far
+        self.sent = 0  # characters of `text` already handed out
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, new_ids: list[int], finished: bool = False) -> str:
+        """Append tokens; return the text that may be shown now (all of it when finished)."""
+        self.ids.extend(new_ids)
+        if not self.stopped:
+            if finished:
+                self.text = self._decode(self.ids)  # the whole decode is the truth at the end
+            else:
+                self._advance()
+            self._apply_stop()
+        end = len(self.text) if (finished or self.stopped) else self._safe_end()
+        piece = self.text[self.sent:end]
+        self.sent = max(self.sent, end)
+        return piece
+
+    def _advance(self) -> None:
+        window = self._decode(self.ids[self.prefix_offset:])
+        if window.endswith(_INCOMPLETE):
+            return  # a multi-byte character is not complete yet
+        before = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        if window.startswith(before):
+            self.text += window[len(before):]
+        else:  # the tokenizer normalized across the boundary: resynchronize
+            self.text = self._decode(self.ids)
+        # Start the next window at the new tokens only if they show a visible character on
+        # their own: a window that starts with a bare space piece would have it stripped.
+        if self._decode(self.ids[self.read_offset:]).strip():
+            self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+
+    def _apply_stop(self) -> None:
+        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+
+    def _safe_end(self) -> int:
+        """Hold back a tail that could still grow into a stop string."""
+        held = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    held = max(held, k)
+                    break
+        return len(self.text) - held

@@ -1,0 +1,275 @@
+"""The TokenizerManager: runs on asyncio in the caller's process. Validates and tokenizes
+requests, sends them to the scheduler, and hands each caller its detokenized results."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from seq2serve.runtime.generate_request import GenerateReqInput
+from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
+                                         ControlRequest, TokenizedRequest, TokenOutput)
+from seq2serve.runtime.ipc import IpcNames, socket
+from seq2serve.runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """A child process of the runtime died; no request can be served any more."""
+
+
+@dataclass
+class _ReqState:
+    rid: str
+    index: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    created: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    finished: bool = False
+
+
+class TokenizerManager:
+    def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str) -> None:
+        self.ipc = ipc
+        self.tokenizer = tokenizer
+        self.info = info
+        self.model_id = model_id
+        self.is_encoder_decoder = info["is_encoder_decoder"]
+        self.states: dict[str, _ReqState] = {}
+        self.control_waiters: dict[str, asyncio.Future] = {}
+        self.dead_reason: str | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Open the sockets and start the receive loop in the running event loop."""
+        if self._started:
+            return
+        self._started = True
+        ctx = zmq.asyncio.Context()
+        self.send_to_scheduler = socket(ctx, zmq.PUSH, self.ipc.scheduler_input, bind=False)
+        self.recv_from_detokenizer = socket(ctx, zmq.PULL, self.ipc.tokenizer_input, bind=True)
+        self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
+
+    # --- requests ----------------------------------------------------------------------------
+    def tokenize(self, obj: GenerateReqInput) -> tuple[bool, list[TokenizedRequest]]:
+        """Validate and tokenize; one TokenizedRequest per prompt and sample (n)."""
+        is_batch, items = obj.normalize()
+        reqs = []
+        for item in items:
+            sp = SamplingParams.from_dict(item["sampling_params"])
+            sp.validate(self.info["vocab_size"])
+            enc, dec = self._token_ids(item)
+            self._check_lengths(enc, dec, sp)
+            base_rid = item["rid"] or uuid.uuid4().hex
+            key = self._encoder_key(enc) if enc else None
+            for i in range(sp.n):
+                sample_sp = dataclasses.replace(sp, n=1, stop=list(sp.stop),
+                                                stop_token_ids=list(sp.stop_token_ids))
+                if sp.seed is not None:
+                    sample_sp.seed = sp.seed + i  # n samples with one seed must differ
+                reqs.append(TokenizedRequest(
+                    rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
+                    encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
+                    stream=obj.stream, return_logprob=obj.return_logprob,
+                    top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
+                ))
+        rids = [r.rid for r in reqs]
+        if len(set(rids)) != len(rids) or any(r in self.states for r in rids):
+            raise ValueError("rid must be unique among running requests")
+        return is_batch or len(reqs) > 1, reqs
+
+    def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
+        vocab = self.info["vocab_size"]
+        if "text" in item:
+            ids = self.tokenizer(item["text"]).input_ids
+        else:
+            ids = item["input_ids"]
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"input_ids has token id {bad[0]} outside [0, {vocab})")
+        if not self.is_encoder_decoder:
+            if item["decoder_input_ids"] is not None:
+                raise ValueError("decoder_input_ids is only for encoder-decoder models")
+            return [], ids
+        start = self.info["decoder_start_token_id"]
+        dec = list(item["decoder_input_ids"] or [])
+        bad = [t for t in dec if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"decoder_input_ids has token id {bad[0]} outside [0, {vocab})")
+        if not dec or dec[0] != start:
+            dec = [start] + dec
+        return ids, dec
+
+    def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams) -> None:
+        info = self.info
+        if enc:
+            limit = min(info["max_encoder_len"], info["cross_capacity_tokens"])
+            if len(enc) > limit:
+                raise ValueError(f"the input is {len(enc)} tokens, longer than the limit of "
+                                 f"{limit} (max_encoder_len / cross-KV pool)")
+        total = len(dec) + sp.max_new_tokens
+        limit = min(info["context_length"], info["kv_capacity_tokens"])
+        if total > limit:
+            what = "decoder prefix" if self.is_encoder_decoder else "prompt"
+            raise ValueError(f"the {what} ({len(dec)} tokens) plus max_new_tokens "
+                             f"({sp.max_new_tokens}) is {total}, over the limit of {limit}")
+
+    def _encoder_key(self, ids: list[int]) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.model_id.encode())
+        h.update(b"\0tokens\0")
+        h.update(",".join(map(str, ids)).encode())
+        return h.hexdigest()
+
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """Yield result dicts: for `stream`, one per new piece of any prompt (with "index");
+        otherwise one final dict per prompt/sample, in order. Cancelling aborts them."""
+        self._check_alive()
+        await self.start()
+        _, reqs = self.tokenize(obj)
+        states = [_ReqState(rid=r.rid, index=i) for i, r in enumerate(reqs)]
+        for s in states:
+            self.states[s.rid] = s
+        try:
+            for r in reqs:
+                self.send_to_scheduler.send_pyobj(r)
+            if obj.stream:
+                async for chunk in self._stream(states, obj.return_logprob):
+                    yield chunk
+            else:
+                for s in states:
+                    yield await self._collect(s, obj.return_logprob)
+        finally:
+            for s in states:
+                if not s.finished and self.dead_reason is None:
+                    self.send_to_scheduler.send_pyobj(AbortRequest(s.rid))
+                self.states.pop(s.rid, None)
+
+    async def _next(self, s: _ReqState) -> TokenOutput:
+        out = await s.queue.get()
+        if isinstance(out, EngineDeadError):
+            raise out
+        if out.error is not None:
+            s.finished = True
+            raise ValueError(out.error)
+        s.text += out.text
+        s.output_ids += out.new_token_ids
+        if out.new_token_ids and s.first_token is None:
+            s.first_token = time.monotonic()
+        if out.new_logprobs:
+            s.logprobs += out.new_logprobs
+        if out.new_top_logprobs:
+            s.top_logprobs += out.new_top_logprobs
+        s.finished = out.finished_reason is not None
+        return out
+
+    async def _collect(self, s: _ReqState, logprob: bool) -> dict[str, Any]:
+        while True:
+            out = await self._next(s)
+            if s.finished:
+                return {"text": s.text, "output_ids": list(s.output_ids),
+                        "meta_info": self._meta(s, out, logprob)}
+
+    async def _stream(self, states: list[_ReqState], logprob: bool):
+        pending = {asyncio.ensure_future(self._next(s)): s for s in states}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    s = pending.pop(fut)
+                    out = fut.result()
+                    chunk = {"index": s.index, "text": out.text,
+                             "output_ids": list(out.new_token_ids),
+                             "meta_info": self._meta(s, out, logprob)}
+                    if logprob:
+                        chunk["logprobs"] = out.new_logprobs or []
+                        chunk["top_logprobs"] = out.new_top_logprobs or []
+                    yield chunk
+                    if not s.finished:
+                        pending[asyncio.ensure_future(self._next(s))] = s
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    def _meta(self, s: _ReqState, out: TokenOutput, logprob: bool) -> dict[str, Any]:
+        meta = {
+            "id": s.rid,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "finish_reason": out.finished_reason,
+            "cached_tokens": out.cached_tokens,
+            "encoder_cache_hit": out.encoder_cache_hit,
+            "e2e_latency": time.monotonic() - s.created,
+        }
+        if s.first_token is not None:
+            meta["ttft"] = s.first_token - s.created
+        if logprob and s.finished:
+            meta["output_token_logprobs"] = list(zip(s.logprobs, s.output_ids))
+            meta["output_top_logprobs"] = list(s.top_logprobs)
+        return meta
+
+    async def abort(self, rid: str) -> None:
+        await self.start()
+        self.send_to_scheduler.send_pyobj(AbortRequest(rid))
+
+    async def control(self, kind: str, timeout: float = 60.0) -> ControlReply:
+        self._check_alive()
+        await self.start()
+        tag = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self.control_waiters[tag] = fut
+        self.send_to_scheduler.send_pyobj(ControlRequest(kind, tag))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.control_waiters.pop(tag, None)
+
+    async def close(self) -> None:
+        if self._started:
+            self._loop_task.cancel()
+            self.send_to_scheduler.close()
+            self.recv_from_detokenizer.close()
+
+    # --- the receive loop --------------------------------------------------------------------
+    async def _handle_loop(self) -> None:
+        while True:
+            msg = await self.recv_from_detokenizer.recv_pyobj()
+            if isinstance(msg, BatchTokenOutput):
+                for out in msg.outputs:
+                    s = self.states.get(out.rid)
+                    if s is not None:
+                        s.queue.put_nowait(out)
+            elif isinstance(msg, ControlReply):
+                fut = self.control_waiters.get(msg.tag)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+
+    def mark_dead(self, reason: str) -> None:
+        """Called when a child process died: fail every waiting caller now."""
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        for s in self.states.values():
+            s.queue.put_nowait(EngineDeadError(reason))
+        for fut in self.control_waiters.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(reason))
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)

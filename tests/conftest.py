@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny random checkpoints made with transformers, the real tokenizers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from seq2serve.tests.helpers import T5_CONFIGS, make_t5  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def t5_checkpoints(tmp_path_factory) -> dict[str, str]:
+    """name -> directory, for every config in T5_CONFIGS (made once per session)."""
+    root = tmp_path_factory.mktemp("t5")
+    return {name: str(make_t5(root / name, **cfg)) for name, cfg in T5_CONFIGS.items()}
+
+
+@pytest.fixture(scope="session")
+def t5_dir(t5_checkpoints) -> str:
+    """The default small checkpoint (gated-gelu, untied, mT5 style)."""
+    return t5_checkpoints["mt5_gated_untied"]

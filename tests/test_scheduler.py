@@ -1,0 +1,114 @@
+"""Continuous batching, memory pressure and pool integrity, driven step by step."""
+
+from __future__ import annotations
+
+import pytest
+
+from seq2serve.runtime.tokenizer import load_tokenizer
+from seq2serve.tests.helpers import (SOURCES, hf_greedy, make_scheduler, request,
+                                     run_to_completion)
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def sources(t5_dir):
+    tok = load_tokenizer(t5_dir)
+    return [tok(s).input_ids for s in SOURCES]
+
+
+def test_requests_join_a_running_batch(t5_dir, sources):
+    sched = make_scheduler(t5_dir)
+    arrivals = {0: [0, 1], 3: [2], 7: [3], 8: [4]}  # step -> sources arriving before it
+
+    def arrive(step: int) -> bool:
+        for i in arrivals.get(step, []):
+            sched.add_request(request(str(i), sources[i], max_new_tokens=MAX_NEW,
+                                      ignore_eos=True))
+        return step < max(arrivals)
+
+    out = run_to_completion(sched, on_step=arrive)
+    modes = [m for m, _ in sched.batch_log]
+    # later arrivals were prefilled while earlier requests were decoding ...
+    first_decode = modes.index("decode")
+    assert any(m == "extend" for m in modes[first_decode:])
+    # ... and then decoded together with them
+    assert max(n for m, n in sched.batch_log if m == "decode") >= 3
+    for rid, ids in out.items():
+        alone = make_scheduler(t5_dir)
+        alone.add_request(request(rid, sources[int(rid)], max_new_tokens=MAX_NEW,
+                                  ignore_eos=True))
+        assert run_to_completion(alone)[rid] == ids
+        assert ids == hf_greedy(t5_dir, sources[int(rid)], MAX_NEW)
+
+
+def test_finished_requests_leave_and_free_memory(t5_dir, sources):
+    sched = make_scheduler(t5_dir)
+    sched.add_request(request("short", sources[0], max_new_tokens=2, ignore_eos=True))
+    sched.add_request(request("long", sources[1], max_new_tokens=10, ignore_eos=True))
+    used = []
+    while sched.has_work:
+        sched.step()
+        sched.check_integrity()
+        used.append((len(sched.running), sched.memory.usage()["cross_used_tokens"]))
+    # once "short" finished, only "long" was running and its cross K/V alone stayed allocated
+    assert (1, sched.memory.cross_kv.pages_for(len(sources[1])) * 16) in used
+    assert sched.memory.usage()["kv_used_tokens"] == 0
+    assert sched.memory.usage()["cross_used_tokens"] == 0
+
+
+def test_kv_pool_overflow_retracts_and_resumes(t5_dir, sources):
+    # 8 requests of up to 21 decoder tokens each need far more than 48 pool tokens
+    sched = make_scheduler(t5_dir, max_total_tokens=48, page_size=4)
+    for i, ids in enumerate(sources):
+        sched.add_request(request(str(i), ids, max_new_tokens=20, ignore_eos=True))
+    out = run_to_completion(sched)
+    assert sched.num_retractions > 0
+    assert sorted(out) == [str(i) for i in range(len(sources))]
+    for i, ids in enumerate(sources):
+        assert out[str(i)] == hf_greedy(t5_dir, ids, 20), f"request {i}"
+    sched.check_integrity()
+    assert sched.memory.usage()["kv_used_tokens"] == 0
+
+
+def test_small_cross_pool_makes_requests_wait(t5_dir, sources):
+    longest = max(map(len, sources))
+    sched = make_scheduler(t5_dir, max_cross_tokens=longest + 16, page_size=16)
+    for i, ids in enumerate(sources):
+        sched.add_request(request(str(i), ids, max_new_tokens=6, ignore_eos=True))
+    out = run_to_completion(sched)
+    assert len(out) == len(sources)
+    # never more requests at once than the cross pool could hold
+    assert max(n for m, n in sched.batch_log if m == "decode") < len(sources)
+    for i, ids in enumerate(sources):
+        assert out[str(i)] == hf_greedy(t5_dir, ids, 6)
+
+
+def test_too_long_requests_are_refused_without_side_effects(t5_dir, sources):
+    sched = make_scheduler(t5_dir, max_total_tokens=64, max_encoder_len=32)
+    sched.add_request(request("ok", sources[0], max_new_tokens=4))
+    with pytest.raises(ValueError, match="max_encoder_len"):
+        sched.add_request(request("long-src", list(range(5, 45)), max_new_tokens=4))
+    with pytest.raises(ValueError, match="KV pool"):
+        sched.add_request(request("long-out", sources[0], max_new_tokens=100))
+    with pytest.raises(ValueError, match="outside"):
+        sched.add_request(request("bad-id", [5, 10**6], max_new_tokens=4))
+    with pytest.raises(ValueError, match="empty"):
+        sched.add_request(request("empty", [], max_new_tokens=4))
+    out = run_to_completion(sched)
+    assert list(out) == ["ok"] and out["ok"] == hf_greedy(t5_dir, sources[0], 4)
+    sched.check_integrity()
+
+
+def test_abort_frees_memory(t5_dir, sources):
+    sched = make_scheduler(t5_dir)
+    for i in range(3):
+        sched.add_request(request(str(i), sources[i], max_new_tokens=30, ignore_eos=True))
+    sched.step()
+    sched.step()
+    aborted = sched.abort_request("1")
+    assert aborted.finished_reason["type"] == "abort"
+    sched.check_integrity()
+    out = run_to_completion(sched)
+    assert set(out) == {"0", "2"}
+    assert sched.abort_request("1") is None
