@@ -37,6 +37,9 @@ class ModelWorkerBatch:
     extend_lens: list[int] = field(default_factory=list)  # query tokens of each request
     encoder_lens: list[int] = field(default_factory=list)  # cross K/V length of each request
     sampling: SamplingBatch | None = None
+    # optional cross-attention mask hook: query i may attend only to cross keys
+    # [0, cross_kv_limit[i]) of its request; 0 means none (its output is zero). Mllama sets it.
+    cross_kv_limit: torch.Tensor | None = None  # [tokens] int32
     # encoder side (ENCODE)
     encoder_input_ids: torch.Tensor | None = None  # [encoder tokens] int64, packed
     cross_out_loc: torch.Tensor | None = None  # [encoder tokens] int32, CrossKVPool slots
@@ -63,6 +66,7 @@ class ForwardBatch:
     encoder_lens: torch.Tensor | None
     encoder_input_ids: torch.Tensor | None
     cross_out_loc: torch.Tensor | None
+    cross_kv_limit: torch.Tensor | None
     # the same lengths on the host, for backends that loop or size grids
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
@@ -96,6 +100,7 @@ class ForwardBatch:
             encoder_lens=dev(b.encoder_lens, torch.int32),
             encoder_input_ids=dev(b.encoder_input_ids, torch.int64),
             cross_out_loc=dev(b.cross_out_loc, torch.int64),
+            cross_kv_limit=dev(b.cross_kv_limit, torch.int32),
             seq_lens_cpu=list(b.seq_lens),
             extend_lens_cpu=list(b.extend_lens),
             encoder_lens_cpu=list(b.encoder_lens),

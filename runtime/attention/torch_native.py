@@ -67,7 +67,14 @@ class TorchNativeBackend(AttentionBackend):
             s, e = md.q_starts[i], md.q_starts[i + 1]
             if idx.numel() == 0 or s == e:
                 continue  # nothing to attend to: the output stays zero
-            out[s:e] = _attend(q[s:e], k_buf[idx], v_buf[idx], layer, None, None)
+            mask = None
+            if fb.cross_kv_limit is not None:
+                limit = fb.cross_kv_limit[s:e]
+                mask = torch.arange(idx.numel(), device=q.device)[None, :] < limit[:, None]
+            o = _attend(q[s:e], k_buf[idx], v_buf[idx], layer, mask, None)
+            if mask is not None:  # a query with no key to attend to gets zero, not NaN
+                o = torch.where(mask.any(dim=1)[:, None], o, torch.zeros_like(o))
+            out[s:e] = o
         return out
 
     def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
