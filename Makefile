@@ -1,4 +1,4 @@
-# make serve: set up a virtualenv and run the main job; make test: set up and run the tests.
+# make serve: set up a virtualenv and start the server; make test: set up and run the tests.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -23,10 +23,11 @@ $(STAMP):
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	rm -f $(VENV)/.deps-* && touch $@
 
-serve: generate
+serve: setup
+	$(BIN)/seq2serve serve $(ARGS)
 
 generate: setup
-	$(BIN)/seq2serve generate
+	$(BIN)/seq2serve generate $(ARGS)
 
 test: setup
 	$(BIN)/pytest -q -m "not gpu"

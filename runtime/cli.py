@@ -1,4 +1,4 @@
-"""The `seq2serve` command line: generate, demo-checkpoint (serve and bench join later)."""
+"""The `seq2serve` command line: serve, generate, demo-checkpoint."""
 
 from __future__ import annotations
 
@@ -62,6 +62,14 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(ns: argparse.Namespace) -> int:
+    from seq2serve.runtime.demo_checkpoint import default_demo_path
+    from seq2serve.runtime.http_server import run_server
+
+    model_path = ns.model_path or str(default_demo_path())
+    return run_server(ServerArgs(model_path=model_path, **server_args_from(ns)))
+
+
 def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
     from seq2serve.runtime.demo_checkpoint import write_t5_checkpoint
 
@@ -76,6 +84,10 @@ def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="seq2serve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="start the HTTP server (OpenAI-compatible API)")
+    add_server_args(s)
+    s.set_defaults(fn=_cmd_serve)
 
     g = sub.add_parser("generate", help="generate text for prompts and print it")
     add_server_args(g)

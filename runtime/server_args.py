@@ -28,6 +28,11 @@ class ServerArgs:
     random_seed: int = 0
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
     log_level: str = "warning"
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None  # when set, every endpoint but /health needs "Bearer KEY"
+    served_model_name: str | None = None  # None: the model directory's name
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -39,7 +44,7 @@ class ServerArgs:
             )
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        _positive = ("page_size", "max_running_requests", "max_prefill_tokens")
+        _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port")
         for name in _positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

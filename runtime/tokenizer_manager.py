@@ -40,6 +40,7 @@ class _ReqState:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
     first_token: float | None = None
+    last_token: float | None = None
     finished: bool = False
 
 
@@ -53,6 +54,7 @@ class TokenizerManager:
         self.states: dict[str, _ReqState] = {}
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
+        self.metrics = None  # a ServerMetrics when serving HTTP
         self._started = False
 
     async def start(self) -> None:
@@ -169,14 +171,27 @@ class TokenizerManager:
             raise ValueError(out.error)
         s.text += out.text
         s.output_ids += out.new_token_ids
-        if out.new_token_ids and s.first_token is None:
-            s.first_token = time.monotonic()
+        if out.new_token_ids:
+            self._observe(s, out)
         if out.new_logprobs:
             s.logprobs += out.new_logprobs
         if out.new_top_logprobs:
             s.top_logprobs += out.new_top_logprobs
         s.finished = out.finished_reason is not None
         return out
+
+    def _observe(self, s: _ReqState, out: TokenOutput) -> None:
+        now = time.monotonic()
+        m = self.metrics
+        if s.first_token is None:
+            s.first_token = now
+            if m is not None:
+                m.on_first_token(now - s.created)
+        if m is not None:
+            m.on_tokens(len(out.new_token_ids), now - (s.last_token or now))
+            if out.finished_reason is not None:
+                m.on_finish(out.prompt_tokens, now - s.created)
+        s.last_token = now
 
     async def _collect(self, s: _ReqState, logprob: bool) -> dict[str, Any]:
         while True:

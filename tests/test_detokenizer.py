@@ -1,0 +1,70 @@
+"""Incremental detokenization with the real T5 (SentencePiece) and Llama 3 (byte BPE) tokenizers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from seq2serve.runtime.demo_checkpoint import ASSETS
+from seq2serve.runtime.incremental_detokenizer import IncrementalDetokenizer
+from seq2serve.runtime.tokenizer import load_tokenizer
+
+TEXTS = [
+    "Hello world, how are you?",
+    "Grüße aus Köln — straße, naïve café, Ελληνικά, русский",
+    "日本語のテキストと中文，한국어 🎉🎉 emoji 👩‍👩‍👧 families",
+    "  leading spaces,   runs   of spaces\nand\n\nnewlines\ttabs",
+    "a ▁ literal metaspace and <unk> text",
+    "numbers 1,234.56 and symbols @#$%^&*() [x] {y}",
+]
+
+
+@pytest.fixture(scope="module", params=["t5-tokenizer", "llama3-tokenizer"])
+def tok(request):
+    return load_tokenizer(str(ASSETS / request.param))
+
+
+def _stream(tok, ids, stop=None, skip=True):
+    d = IncrementalDetokenizer(tok, skip_special_tokens=skip, stop=stop)
+    pieces = [d.add([t]) for t in ids]
+    pieces.append(d.add([], finished=True))
+    return pieces
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_pieces_are_whole_characters_and_add_up(tok, text):
+    ids = tok(text, add_special_tokens=False).input_ids
+    full = tok.decode(ids, skip_special_tokens=True)
+    pieces = _stream(tok, ids)
+    assert "".join(pieces) == full
+    if "\ufffd" not in full:
+        assert not any("\ufffd" in p for p in pieces)
+    so_far = ""
+    for p in pieces:  # what was shown is never taken back
+        so_far += p
+        assert full.startswith(so_far)
+
+
+def test_random_token_sequences_add_up(tok):
+    rng = random.Random(0)
+    for _ in range(100):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 30))]
+        assert "".join(_stream(tok, ids)) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_special_tokens_kept_when_asked(tok):
+    ids = tok("Hello there").input_ids  # with the tokenizer's BOS/EOS
+    kept = "".join(_stream(tok, ids, skip=False))
+    assert kept == tok.decode(ids, skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("stop", ["how are", "o w", "?"])
+def test_stop_strings_are_cut_and_never_shown(tok, stop):
+    text = "Hello world, how are you? Fine."
+    ids = tok(text, add_special_tokens=False).input_ids
+    full = tok.decode(ids, skip_special_tokens=True)
+    pieces = _stream(tok, ids, stop=[stop])
+    shown = "".join(pieces)
+    assert shown == full[: full.index(stop)]
+    assert stop not in shown
