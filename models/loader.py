@@ -48,6 +48,8 @@ def load_model(model_config, device: str, dtype: torch.dtype) -> nn.Module:
         model = cls(model_config.arch)
     model = model.to(dtype=dtype).to_empty(device=device)
     load_weights(model, files)
+    if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
+        model.init_buffers()
     return model.eval()
 
 

@@ -7,10 +7,12 @@ import importlib
 _MODELS: dict[str, tuple[str, str]] = {
     "T5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "MT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
+    "LlamaForCausalLM": ("seq2serve.models.llama.model", "LlamaForCausalLM"),
 }
 
 # model_type -> architecture, for configs written without "architectures"
-_MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
+_MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
+                "llama": "LlamaForCausalLM"}
 
 
 def supported_architectures() -> list[str]:

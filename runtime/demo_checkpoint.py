@@ -16,6 +16,7 @@ logger = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent.parent / "models" / "assets"
 T5_TOKENIZER = ASSETS / "t5-tokenizer"
+LLAMA3_TOKENIZER = ASSETS / "llama3-tokenizer"
 
 DEMO_T5 = dict(vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
                num_decoder_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
@@ -72,6 +73,44 @@ def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32
         "A tiny T5 v1.1-architecture checkpoint with RANDOM weights, written by "
         "`seq2serve demo-checkpoint`. Its output is meaningless text; it exists for smoke "
         "runs and tests. The tokenizer is the real T5 vocabulary (Apache-2.0).\n")
+    return out
+
+
+DEMO_LLAMA = dict(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
+                  eos_token_id=128009,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 256})
+
+
+def write_llama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                           init_scale: float = 1.0, **config) -> Path:
+    """Write a random Llama 3-style checkpoint with the real Llama 3 tokenizer (random weights).
+
+    `config` overrides DEMO_LLAMA's fields; `init_scale` multiplies HF's initializer range.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_kwargs = {**DEMO_LLAMA, **config}
+    hf_config = LlamaConfig(initializer_range=0.02 * init_scale, **cfg_kwargs)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(hf_config).eval()
+    state = {k: v.contiguous().to(getattr(torch, dtype)) for k, v in model.state_dict().items()}
+    if cfg_kwargs["tie_word_embeddings"]:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config.to_dict()
+    cfg.update(architectures=["LlamaForCausalLM"], dtype=dtype)
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    for f in LLAMA3_TOKENIZER.iterdir():
+        shutil.copy(f, out / f.name)
     return out
 
 

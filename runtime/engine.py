@@ -112,7 +112,8 @@ class Seq2SeqEngine:
              stream: bool = False):
         """One chat turn: the chat template when the tokenizer has one, else a plain join."""
         prompt = chat_prompt(self.tokenizer_manager.tokenizer, messages)
-        return self.generate(prompt=prompt, sampling_params=sampling_params, stream=stream)
+        return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
+                             sampling_params=sampling_params, stream=stream)
 
     # --- operations --------------------------------------------------------------------------
     def check_integrity(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ class ModelConfig:
     architecture: str
     checkpoint_dtype: str  # "float32" | "bfloat16" | "float16"
     arch: Any  # the family's frozen config (e.g. models.mt5.config.T5Config)
+    generation_eos_ids: tuple[int, ...] = ()  # generation_config.json's eos_token_id, if any
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -40,7 +41,13 @@ class ModelConfig:
             architecture=architecture,
             checkpoint_dtype=_DTYPE_NAMES.get(str(dtype), "float32"),
             arch=model_cls.config_class.from_hf(hf),
+            generation_eos_ids=_generation_eos(model_path),
         )
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token that ends generation: config.json's and generation_config.json's."""
+        return tuple(sorted(set(self.arch.eos_token_ids) | set(self.generation_eos_ids)))
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -49,3 +56,14 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return self.arch.vocab_size
+
+
+def _generation_eos(model_path: str) -> tuple[int, ...]:
+    path = os.path.join(model_path, "generation_config.json")
+    if not os.path.isfile(path):
+        return ()
+    with open(path) as f:
+        eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (eos,)

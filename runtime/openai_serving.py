@@ -212,7 +212,8 @@ class OpenAIServing:
             m.setdefault("content", "")
         prompt = chat_prompt(self.tm.tokenizer, messages)
         max_tokens = body.max_completion_tokens or body.max_tokens
-        obj = GenerateReqInput(text=prompt, sampling_params=self.sampling(body, max_tokens),
+        obj = GenerateReqInput(text=prompt.get("text"), input_ids=prompt.get("input_ids"),
+                               sampling_params=self.sampling(body, max_tokens),
                                stream=body.stream, return_logprob=body.logprobs,
                                top_logprobs_num=body.top_logprobs or 0)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

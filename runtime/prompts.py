@@ -20,18 +20,21 @@ def translation_prompt(model_path: str, text: str, source_lang: str, target_lang
     return template.format(source_lang=source_lang, target_lang=target_lang, text=text)
 
 
-def chat_prompt(tokenizer, messages: list[dict[str, Any]]) -> str:
-    """Render chat messages: the tokenizer's chat template when it has one; otherwise each
-    message's text on its own line (roles dropped), which suits text-to-text models."""
+def chat_prompt(tokenizer, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Render chat messages as generate's input: {"input_ids": ...} through the tokenizer's
+    chat template when it has one (the template writes the special tokens itself), else
+    {"text": ...} with each message's text on its own line (roles dropped), which suits
+    text-to-text models."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"messages[{i}] must have 'role' and 'content'")
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False,
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=True)
-    return "\n".join(_text_of(m["content"], i) for i, m in enumerate(messages))
+        return {"input_ids": tokenizer(text, add_special_tokens=False).input_ids}
+    return {"text": "\n".join(_text_of(m["content"], i) for i, m in enumerate(messages))}
 
 
 def _text_of(content: Any, i: int) -> str:

@@ -38,7 +38,7 @@ class Scheduler:
         self.memory = RequestMemory(runner.req_to_token_pool, runner.token_to_kv_pool,
                                     runner.cross_kv_pool)
         self.encoder_stage = EncoderStage(self.worker)
-        eos = set(model_config.arch.eos_token_ids)
+        eos = set(model_config.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = tuple(sorted(eos))

@@ -1,0 +1,96 @@
+"""Decoder-only Llama (3.x): pre-norm blocks of GQA self-attention with RoPE and a SwiGLU MLP.
+
+`LlamaDecoderLayer` is shared with Mllama's text model, which interleaves it with gated
+cross-attention layers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from seq2serve.models.attention import Attention
+from seq2serve.models.linear import Linear
+from seq2serve.models.llama.config import LlamaConfig
+from seq2serve.models.llama.weights import hf_to_param
+from seq2serve.models.mlp import GatedMLP
+from seq2serve.models.norm import RMSNorm
+from seq2serve.models.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from seq2serve.runtime.attention.base import AttentionKind
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.forward_batch import ForwardBatch
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin of every token's position
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
+        super().__init__()
+        h, kvh, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = h * d, kvh * d
+        self.qkv_proj = Linear(cfg.hidden_size, [h * d, kvh * d, kvh * d])
+        self.o_proj = Linear(h * d, cfg.hidden_size)
+        self.attn = Attention(AttentionKind.SELF, layer_id, h, kvh, d, scaling=d**-0.5)
+
+    def forward(self, x: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        d = self.attn.head_dim
+        q, k = apply_rotary(q.view(-1, self.attn.num_heads, d),
+                            k.view(-1, self.attn.num_kv_heads, d), *rope)
+        return self.o_proj(self.attn(q, k, v, fb))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    config_class = LlamaConfig
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope, fb)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    weight_map = staticmethod(hf_to_param)
+
+    def tie_missing(self, missing: set[str]) -> set[str]:
+        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+            missing = missing - {"lm_head.weight"}
+        return missing
+
+    def init_buffers(self) -> None:
+        """Recompute the non-persistent buffers (they are not in the checkpoint)."""
+        inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+        self.rotary.inv_freq = inv_freq.to(self.embed_tokens.weight.device)
