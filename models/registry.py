@@ -8,11 +8,13 @@ _MODELS: dict[str, tuple[str, str]] = {
     "T5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "MT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "LlamaForCausalLM": ("seq2serve.models.llama.model", "LlamaForCausalLM"),
+    "MllamaForConditionalGeneration": ("seq2serve.models.mllama.model",
+                                       "MllamaForConditionalGeneration"),
 }
 
 # model_type -> architecture, for configs written without "architectures"
 _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
-                "llama": "LlamaForCausalLM"}
+                "llama": "LlamaForCausalLM", "mllama": "MllamaForConditionalGeneration"}
 
 
 def supported_architectures() -> list[str]:

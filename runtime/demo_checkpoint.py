@@ -114,6 +114,72 @@ def write_llama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "floa
     return out
 
 
+MLLAMA_CHAT_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- else %}"
+    "{%- for part in message['content'] %}{%- if part['type'] == 'image' %}{{- '<|image|>' }}"
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
+    "{%- endif %}{{- '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
+DEMO_MLLAMA_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_global_layers=1, attention_heads=2, image_size=28, patch_size=14,
+                          max_num_tiles=4, intermediate_layers_indices=[0, 1],
+                          vision_output_dim=96)
+DEMO_MLLAMA_TEXT = dict(vocab_size=128256, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        cross_attention_layers=[1, 3], max_position_embeddings=2048,
+                        eos_token_id=128009, bos_token_id=128000, pad_token_id=128004,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                         "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 256})
+
+
+def write_mllama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                            init_scale: float = 10.0, vision: dict | None = None,
+                            text: dict | None = None) -> Path:
+    """Write a tiny random Mllama checkpoint: the real Llama 3 tokenizer plus <|image|> (id
+    128256) and a chat template for image parts, a small-image MllamaImageProcessor, and every
+    gate opened to a random value so that images change the output."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import (MllamaConfig, MllamaForConditionalGeneration,
+                              MllamaImageProcessorPil, PreTrainedTokenizerFast)
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vcfg = {**DEMO_MLLAMA_VISION, **(vision or {}), "initializer_range": 0.02 * init_scale}
+    tcfg = {**DEMO_MLLAMA_TEXT, **(text or {}), "initializer_range": 0.02 * init_scale}
+    hf_config = MllamaConfig(vision_config=vcfg, text_config=tcfg, image_token_index=128256)
+    torch.manual_seed(seed)
+    model = MllamaForConditionalGeneration(hf_config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    state = {}
+    for k, v in model.state_dict().items():
+        if "gate" in k and v.numel() == 1:  # opened: +-(0.5 .. 1.5)
+            sign = 1.0 if torch.rand(1, generator=g).item() < 0.75 else -1.0
+            v = sign * (0.5 + torch.rand(1, generator=g))
+        state[k] = v.contiguous().to(getattr(torch, dtype))
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config.to_dict()
+    cfg.update(architectures=["MllamaForConditionalGeneration"], dtype=dtype)
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    tok = PreTrainedTokenizerFast.from_pretrained(str(LLAMA3_TOKENIZER))
+    tok.add_tokens(["<|image|>"], special_tokens=True)
+    assert tok.convert_tokens_to_ids("<|image|>") == 128256
+    tok.chat_template = MLLAMA_CHAT_TEMPLATE
+    tok.save_pretrained(str(out))
+    size = vcfg["image_size"]
+    MllamaImageProcessorPil(size={"height": size, "width": size},
+                            max_image_tiles=vcfg["max_num_tiles"]).save_pretrained(str(out))
+    return out
+
+
 def default_demo_path() -> Path:
     """The demo checkpoint in the user's cache, created on first use."""
     cache = Path(os.environ.get("SEQ2SERVE_CACHE", Path.home() / ".cache" / "seq2serve"))

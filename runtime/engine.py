@@ -10,6 +10,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.generate_request import GenerateReqInput
 from seq2serve.runtime.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.prompts import chat_prompt, translation_prompt
@@ -45,8 +46,12 @@ class Seq2SeqEngine:
         self.procs: RuntimeProcesses = launch_processes(self.args)
         try:
             tokenizer = load_tokenizer(self.args.tokenizer_path or self.args.model_path)
-            self.tokenizer_manager = TokenizerManager(self.procs.ipc, tokenizer, self.procs.info,
-                                                      model_id=self.args.model_path)
+            # the Python API is a trusted caller: image file paths are allowed
+            policy = MediaPolicy(allow_local_paths=True, allow_remote=self.args.allow_remote_media,
+                                 max_pixels=self.args.max_image_pixels)
+            self.tokenizer_manager = TokenizerManager(
+                self.procs.ipc, tokenizer, self.procs.info, model_id=self.args.model_path,
+                media_policy=policy, max_images=self.args.max_images_per_request)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever,
                                              name="seq2serve-engine-loop", daemon=True)
@@ -70,12 +75,17 @@ class Seq2SeqEngine:
                  input_ids: list[int] | list[list[int]] | None = None,
                  decoder_input_ids: list[int] | list[list[int]] | None = None,
                  stream: bool = False, return_logprob: bool = False,
-                 top_logprobs_num: int = 0, rid: str | list[str] | None = None):
+                 top_logprobs_num: int = 0, rid: str | list[str] | None = None,
+                 image_data: Any = None):
+        """`image_data` (vision models) is aligned with the prompts: for each, one image or a
+        list (empty for text-only); an image is a path, bytes, base64, a data URL or a PIL
+        image."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
-                               top_logprobs_num=top_logprobs_num, rid=rid)
+                               top_logprobs_num=top_logprobs_num, rid=rid,
+                               image_data=image_data)
         if stream:
             return self._sync_iter(self.tokenizer_manager.generate(obj))
         results = self._call(_collect(self.tokenizer_manager.generate(obj)))
@@ -86,13 +96,15 @@ class Seq2SeqEngine:
                              input_ids: list[int] | list[list[int]] | None = None,
                              decoder_input_ids: list[int] | list[list[int]] | None = None,
                              stream: bool = False, return_logprob: bool = False,
-                             top_logprobs_num: int = 0, rid: str | list[str] | None = None):
+                             top_logprobs_num: int = 0, rid: str | list[str] | None = None,
+                             image_data: Any = None):
         """Like `generate`, from async code. With stream=True it returns an async iterator."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
-                               top_logprobs_num=top_logprobs_num, rid=rid)
+                               top_logprobs_num=top_logprobs_num, rid=rid,
+                               image_data=image_data)
         if stream:
             return self._async_iter(self.tokenizer_manager.generate(obj))
         results = await self._acall(_collect(self.tokenizer_manager.generate(obj)))
@@ -110,9 +122,12 @@ class Seq2SeqEngine:
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: dict | None = None,
              stream: bool = False):
-        """One chat turn: the chat template when the tokenizer has one, else a plain join."""
+        """One chat turn: the chat template when the tokenizer has one, else a plain join.
+        Content parts may carry images ({"type": "image", "image": ...} or OpenAI's
+        {"type": "image_url", ...})."""
         prompt = chat_prompt(self.tokenizer_manager.tokenizer, messages)
         return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
+                             image_data=prompt.get("image_data") or None,
                              sampling_params=sampling_params, stream=stream)
 
     # --- operations --------------------------------------------------------------------------

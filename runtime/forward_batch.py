@@ -10,6 +10,7 @@ import torch
 
 if TYPE_CHECKING:
     from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
+    from seq2serve.encoders.encoder_input import ImageBatch
     from seq2serve.runtime.attention.base import AttentionBackend
     from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
     from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
@@ -37,11 +38,14 @@ class ModelWorkerBatch:
     extend_lens: list[int] = field(default_factory=list)  # query tokens of each request
     encoder_lens: list[int] = field(default_factory=list)  # cross K/V length of each request
     sampling: SamplingBatch | None = None
-    # optional cross-attention mask hook: query i may attend only to cross keys
-    # [0, cross_kv_limit[i]) of its request; 0 means none (its output is zero). Mllama sets it.
-    cross_kv_limit: torch.Tensor | None = None  # [tokens] int32
+    # optional cross-attention mask hook: query i may attend only to the cross keys
+    # [cross_kv_start[i], cross_kv_end[i]) of its request; an empty range gives a zero output.
+    # Set when a request restricts what each token sees (Mllama's image groups).
+    cross_kv_start: torch.Tensor | None = None  # [tokens] int32
+    cross_kv_end: torch.Tensor | None = None  # [tokens] int32
     # encoder side (ENCODE)
     encoder_input_ids: torch.Tensor | None = None  # [encoder tokens] int64, packed
+    encoder_images: ImageBatch | None = None  # images for a vision encoder
     cross_out_loc: torch.Tensor | None = None  # [encoder tokens] int32, CrossKVPool slots
 
     @property
@@ -66,7 +70,9 @@ class ForwardBatch:
     encoder_lens: torch.Tensor | None
     encoder_input_ids: torch.Tensor | None
     cross_out_loc: torch.Tensor | None
-    cross_kv_limit: torch.Tensor | None
+    cross_kv_start: torch.Tensor | None
+    cross_kv_end: torch.Tensor | None
+    encoder_images: ImageBatch | None
     # the same lengths on the host, for backends that loop or size grids
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
@@ -100,7 +106,9 @@ class ForwardBatch:
             encoder_lens=dev(b.encoder_lens, torch.int32),
             encoder_input_ids=dev(b.encoder_input_ids, torch.int64),
             cross_out_loc=dev(b.cross_out_loc, torch.int64),
-            cross_kv_limit=dev(b.cross_kv_limit, torch.int32),
+            cross_kv_start=dev(b.cross_kv_start, torch.int32),
+            cross_kv_end=dev(b.cross_kv_end, torch.int32),
+            encoder_images=None if b.encoder_images is None else b.encoder_images.to(device),
             seq_lens_cpu=list(b.seq_lens),
             extend_lens_cpu=list(b.extend_lens),
             encoder_lens_cpu=list(b.encoder_lens),

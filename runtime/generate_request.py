@@ -20,6 +20,8 @@ class GenerateReqInput:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     rid: str | list[str] | None = None
+    # images of each prompt (vision models): one image or a list per prompt
+    image_data: Any = None
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,
@@ -48,11 +50,15 @@ class GenerateReqInput:
             items = [{"input_ids": list(s)} for s in seqs]
         n = len(items)
         for key, value in (("decoder_input_ids", self.decoder_input_ids),
-                           ("sampling_params", self.sampling_params), ("rid", self.rid)):
+                           ("sampling_params", self.sampling_params), ("rid", self.rid),
+                           ("image_data", self.image_data)):
             per = _per_prompt(key, value, n, is_batch)
             for item, v in zip(items, per):
                 item[key] = v
         for item in items:
+            imgs = item["image_data"]
+            item["image_data"] = [] if imgs is None else (imgs if isinstance(imgs, list)
+                                                           else [imgs])
             d = item["decoder_input_ids"]
             if d is not None and (not isinstance(d, list) or not all(_is_int(t) for t in d)):
                 raise ValueError("decoder_input_ids must be a list of token ids")
@@ -86,11 +92,9 @@ def _is_batch_of_ids(ids: Any, name: str) -> bool:
 
 def _per_prompt(key: str, value: Any, n: int, is_batch: bool) -> list[Any]:
     """Spread a per-call value over the prompts, or check a per-prompt list's length."""
-    per_prompt_list = (
-        is_batch and isinstance(value, list)
-        and (key != "decoder_input_ids" or (value and isinstance(value[0], list)))
-    )
-    if per_prompt_list:
+    # decoder_input_ids for a batch is a list of lists; a flat list is shared by all prompts
+    shared_ids = key == "decoder_input_ids" and not (value and isinstance(value[0], list))
+    if is_batch and isinstance(value, list) and not shared_ids:
         if len(value) != n:
             raise ValueError(f"{key} has {len(value)} entries for {n} prompts")
         return list(value)

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.metrics import ServerMetrics
 from seq2serve.runtime.openai_protocol import (AbortBody, ChatCompletionRequest,
@@ -39,7 +40,10 @@ _OPEN_PATHS = {"/health"}
 
 def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -> FastAPI:
     tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
-    tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path)
+    policy = MediaPolicy(allow_local_paths=False, local_media_dir=args.allowed_local_media_path,
+                         allow_remote=args.allow_remote_media, max_pixels=args.max_image_pixels)
+    tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
+                          media_policy=policy, max_images=args.max_images_per_request)
     metrics = ServerMetrics()
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))

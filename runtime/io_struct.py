@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from seq2serve.encoders.encoder_input import ImageFeatures
 from seq2serve.runtime.sampling_params import SamplingParams
 
 
@@ -20,6 +21,10 @@ class TokenizedRequest:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     encoder_key: str | None = None
+    images: list[ImageFeatures] = field(default_factory=list)  # for a vision encoder
+    # which cross K/V each decoder position reads (see encoders.encoder_input.cross_spans);
+    # None: every position reads all of them
+    cross_spans: list[tuple[int, int, int]] | None = None
 
 
 @dataclass

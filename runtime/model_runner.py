@@ -61,10 +61,12 @@ class ModelRunner:
         self.max_encoder_len = 0
         if arch.is_encoder_decoder:
             self.max_encoder_len = a.max_encoder_len or arch.max_length or _DEFAULT_MAX_LEN
+        elif arch.num_cross_attn_layers:  # a vision model: room for its images' tiles
+            self.max_encoder_len = (a.max_encoder_len
+                                    or arch.default_max_encoder_len(a.max_images_per_request))
         elt = self.dtype.itemsize
         self_bytes = 2 * arch.num_self_attn_layers * arch.num_kv_heads * arch.head_dim * elt
-        cross_bytes = (2 * arch.num_cross_attn_layers * arch.num_kv_heads * arch.head_dim * elt
-                       if arch.is_encoder_decoder else 0)
+        cross_bytes = 2 * arch.num_cross_attn_layers * arch.num_kv_heads * arch.head_dim * elt
         plan = plan_pools(
             budget_bytes=available_bytes(self.device, a.mem_fraction),
             self_bytes_per_token=self_bytes, cross_bytes_per_token=cross_bytes,
@@ -81,7 +83,7 @@ class ModelRunner:
         self.cross_kv_pool = CrossKVPool(
             max(1, plan.max_cross_tokens // ps), ps, arch.num_cross_attn_layers,
             arch.num_kv_heads, arch.head_dim, self.dtype, self.device,
-        ) if arch.is_encoder_decoder else None
+        ) if arch.num_cross_attn_layers else None
         logger.info(
             "pools: %d decoder KV tokens, %d cross KV tokens, page size %d, %d request slots",
             self.token_to_kv_pool.capacity_tokens,
@@ -99,7 +101,7 @@ class ModelRunner:
         fb = ForwardBatch.from_worker_batch(wb, self.device, self.pools, self.attn_backend)
         if fb.forward_mode is ForwardMode.ENCODE:
             self.attn_backend.init_forward_metadata(fb)
-            hidden = self.model.encode(fb.encoder_input_ids, fb)
+            hidden = self.model.encode(fb)
             self.model.store_cross_kv(hidden, fb)
             return ForwardOutput(sample=None)
         # record where each new token's K/V goes, once for the whole batch

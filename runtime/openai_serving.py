@@ -213,6 +213,7 @@ class OpenAIServing:
         prompt = chat_prompt(self.tm.tokenizer, messages)
         max_tokens = body.max_completion_tokens or body.max_tokens
         obj = GenerateReqInput(text=prompt.get("text"), input_ids=prompt.get("input_ids"),
+                               image_data=prompt.get("image_data") or None,
                                sampling_params=self.sampling(body, max_tokens),
                                stream=body.stream, return_logprob=body.logprobs,
                                top_logprobs_num=body.top_logprobs or 0)

@@ -21,30 +21,58 @@ def translation_prompt(model_path: str, text: str, source_lang: str, target_lang
 
 
 def chat_prompt(tokenizer, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Render chat messages as generate's input: {"input_ids": ...} through the tokenizer's
-    chat template when it has one (the template writes the special tokens itself), else
-    {"text": ...} with each message's text on its own line (roles dropped), which suits
-    text-to-text models."""
+    """Render chat messages as generate's input.
+
+    With a chat template: {"input_ids", "image_data"} (the template writes the special tokens
+    and an <|image|> per image part). Without one: {"text"}, each message's text on its own
+    line (roles dropped), which suits text-to-text models. Image parts may be OpenAI's
+    {"type": "image_url", "image_url": {"url": ...}} or {"type": "image", "image": <any image
+    input>}.
+    """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
+    rendered, images = [], []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"messages[{i}] must have 'role' and 'content'")
+        rendered.append({**m, "content": _parts(m["content"], i, images)})
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
+        text = tokenizer.apply_chat_template(rendered, tokenize=False,
                                              add_generation_prompt=True)
-        return {"input_ids": tokenizer(text, add_special_tokens=False).input_ids}
-    return {"text": "\n".join(_text_of(m["content"], i) for i, m in enumerate(messages))}
+        return {"input_ids": tokenizer(text, add_special_tokens=False).input_ids,
+                "image_data": images}
+    if images:
+        raise ValueError("this model takes no images (it has no chat template for them)")
+    return {"text": "\n".join(_plain(m["content"]) for m in rendered)}
 
 
-def _text_of(content: Any, i: int) -> str:
+def _parts(content: Any, i: int, images: list) -> str | list[dict[str, Any]]:
+    """Normalize a message's content; image parts become {"type": "image"} placeholders."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise ValueError(f"messages[{i}].content: only text parts are supported here")
-            parts.append(part.get("text", ""))
-        return "".join(parts)
-    raise ValueError(f"messages[{i}].content must be a string or a list of parts")
+    if not isinstance(content, list):
+        raise ValueError(f"messages[{i}].content must be a string or a list of parts")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise ValueError(f"messages[{i}].content[{j}].image_url.url must be a string")
+            images.append(url)
+            parts.append({"type": "image"})
+        elif kind == "image" and "image" in part:
+            images.append(part["image"])
+            parts.append({"type": "image"})
+        else:
+            raise ValueError(f"messages[{i}].content[{j}]: unsupported part type {kind!r}")
+    return parts
+
+
+def _plain(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p["type"] == "text")

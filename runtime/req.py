@@ -10,6 +10,7 @@ from seq2serve.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from seq2serve.cross_attention.cross_kv_pool import CrossKVHandle
+    from seq2serve.encoders.encoder_input import ImageFeatures
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Req:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     encoder_key: str | None = None  # identifies the encoder input (for the encoder cache)
+    images: list[ImageFeatures] = field(default_factory=list)  # a vision encoder's input
+    cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
 
     # --- set by the scheduler: encoder part ---
     cross_kv: CrossKVHandle | None = None  # where this request's cross K/V live
@@ -65,7 +68,8 @@ class Req:
 
     @property
     def encoder_len(self) -> int:
-        return len(self.encoder_input_ids)
+        """Cross K/V length: encoder tokens, or the real tiles' tokens of every image."""
+        return len(self.encoder_input_ids) + sum(i.num_tokens for i in self.images)
 
     @property
     def finished(self) -> bool:

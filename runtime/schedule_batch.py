@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from seq2serve.encoders.encoder_input import ImageBatch, span_at
 from seq2serve.runtime.forward_batch import ForwardMode, ModelWorkerBatch
 from seq2serve.runtime.memory.request_memory import RequestMemory
 from seq2serve.runtime.req import Req
@@ -30,9 +31,12 @@ class ScheduleBatch:
     def encode(cls, reqs: list[Req]) -> ScheduleBatch:
         """Run the encoder over `reqs` (packed, no padding) and fill their cross K/V slots."""
         assert all(r.cross_kv is not None and not r.cross_kv.ready for r in reqs)
+        images = [img for r in reqs for img in r.images]
         wb = ModelWorkerBatch(
             forward_mode=ForwardMode.ENCODE,
-            encoder_input_ids=torch.tensor([t for r in reqs for t in r.encoder_input_ids]),
+            encoder_input_ids=None if images else torch.tensor(
+                [t for r in reqs for t in r.encoder_input_ids]),
+            encoder_images=ImageBatch.of(images) if images else None,
             cross_out_loc=torch.cat([r.cross_kv.loc for r in reqs]),
             encoder_lens=[r.encoder_len for r in reqs],
         )
@@ -43,9 +47,10 @@ class ScheduleBatch:
                          sampling: SamplingBatch) -> ScheduleBatch:
         """Compute every decoder token of `reqs` not yet in the KV pool (one per request when
         decoding). The caller has made sure the pool has room (admission / retraction)."""
-        ids, positions, locs, extend_lens = [], [], [], []
+        ids, positions, locs, extend_lens, new = [], [], [], [], []
         for r in reqs:
             start, end = r.kv_len, r.seq_len
+            new.append((start, end))
             slots = memory.alloc_tokens(r, end)
             assert slots is not None, "scheduler admitted a request the KV pool cannot hold"
             ids.extend(r.fill_ids[start:end])
@@ -54,6 +59,9 @@ class ScheduleBatch:
             extend_lens.append(end - start)
         if mode is ForwardMode.DECODE:
             assert all(n == 1 for n in extend_lens)
+        kv_start = kv_end = None
+        if any(r.cross_spans is not None for r in reqs):
+            kv_start, kv_end = _cross_ranges(reqs, new)
         wb = ModelWorkerBatch(
             forward_mode=mode,
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -64,5 +72,20 @@ class ScheduleBatch:
             extend_lens=extend_lens,
             encoder_lens=[r.encoder_len for r in reqs],
             sampling=sampling,
+            cross_kv_start=kv_start,
+            cross_kv_end=kv_end,
         )
         return cls(mode, reqs, wb)
+
+
+def _cross_ranges(reqs: list[Req], spans_of: list[tuple[int, int]]) -> tuple[torch.Tensor,
+                                                                          torch.Tensor]:
+    """Each new token's readable cross K/V range [start, end); `spans_of` gives each request's
+    new decoder positions [first, end)."""
+    starts, ends = [], []
+    for r, (first, last) in zip(reqs, spans_of):
+        for p in range(first, last):
+            s, e = span_at(r.cross_spans, p) if r.cross_spans is not None else (0, r.encoder_len)
+            starts.append(s)
+            ends.append(e)
+    return torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)

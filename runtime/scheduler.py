@@ -60,15 +60,18 @@ class Scheduler:
             raise ValueError("the encoder input is empty")
         if not tr.decoder_input_ids:
             raise ValueError("the decoder input is empty")
+        vocab = getattr(arch, "input_vocab_size", arch.vocab_size)
         for name, ids in (("input_ids", tr.encoder_input_ids),
                           ("decoder_input_ids", tr.decoder_input_ids)):
-            bad = [t for t in ids if not 0 <= t < arch.vocab_size]
+            bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
-                raise ValueError(f"{name} has token id {bad[0]} outside [0, {arch.vocab_size})")
+                raise ValueError(f"{name} has token id {bad[0]} outside [0, {vocab})")
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model directory has none")
-        why = self.memory.fits_alone(len(tr.encoder_input_ids),
-                                     len(tr.decoder_input_ids) + sp.max_new_tokens)
+        if tr.images and not arch.num_cross_attn_layers:
+            raise ValueError("this model takes no images")
+        encoder_len = len(tr.encoder_input_ids) + sum(i.num_tokens for i in tr.images)
+        why = self.memory.fits_alone(encoder_len, len(tr.decoder_input_ids) + sp.max_new_tokens)
         if why:
             raise ValueError(f"request too long: {why}")
         self.waiting.append(Req(
@@ -76,6 +79,7 @@ class Scheduler:
             decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
             stream=tr.stream, return_logprob=tr.return_logprob,
             top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
+            images=list(tr.images), cross_spans=tr.cross_spans,
         ))
 
     def abort_request(self, rid: str) -> TokenOutput | None:

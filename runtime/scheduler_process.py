@@ -41,10 +41,16 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pi
 def scheduler_info(scheduler: Scheduler) -> dict:
     runner = scheduler.worker.model_runner
     mem = scheduler.memory
+    arch = scheduler.model_config.arch
+    vision = getattr(arch, "vision", None)
     return {
+        "has_vision": vision is not None,
+        "image_token_id": getattr(arch, "image_token_id", None),
+        "tokens_per_tile": vision.num_patches if vision is not None else 0,
         "architecture": scheduler.model_config.architecture,
         "is_encoder_decoder": scheduler.model_config.is_encoder_decoder,
         "vocab_size": scheduler.model_config.vocab_size,
+        "input_vocab_size": getattr(arch, "input_vocab_size", arch.vocab_size),
         "decoder_start_token_id": getattr(scheduler.model_config.arch,
                                           "decoder_start_token_id", None),
         "context_length": runner.context_len,

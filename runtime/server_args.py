@@ -28,6 +28,11 @@ class ServerArgs:
     random_seed: int = 0
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
     log_level: str = "warning"
+    # images (vision models)
+    max_images_per_request: int = 4
+    max_image_pixels: int = 40_000_000  # width * height of one image
+    allow_remote_media: bool = False  # fetch http(s) image URLs
+    allowed_local_media_path: str | None = None  # server: image file paths only under this dir
     # HTTP server
     host: str = "127.0.0.1"
     port: int = 30000
@@ -44,7 +49,8 @@ class ServerArgs:
             )
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port")
+        _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
+                     "max_images_per_request", "max_image_pixels")
         for name in _positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -16,6 +16,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
+from seq2serve.encoders.image_loader import MediaPolicy, load_image
 from seq2serve.runtime.generate_request import GenerateReqInput
 from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
                                          ControlRequest, TokenizedRequest, TokenOutput)
@@ -45,12 +47,20 @@ class _ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str) -> None:
+    def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str,
+                 media_policy: MediaPolicy | None = None, max_images: int = 4) -> None:
         self.ipc = ipc
         self.tokenizer = tokenizer
         self.info = info
         self.model_id = model_id
         self.is_encoder_decoder = info["is_encoder_decoder"]
+        self.media_policy = media_policy or MediaPolicy()
+        self.max_images = max_images
+        self.image_processor = None
+        if info.get("has_vision"):
+            from seq2serve.encoders.image_processor import ImageProcessor
+
+            self.image_processor = ImageProcessor(model_id, model_id, info["tokens_per_tile"])
         self.states: dict[str, _ReqState] = {}
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
@@ -76,7 +86,12 @@ class TokenizerManager:
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])
             enc, dec = self._token_ids(item)
-            self._check_lengths(enc, dec, sp)
+            images = self._images(item["image_data"])
+            spans = None
+            if self.image_processor is not None:
+                spans = cross_spans(dec, self.info["image_token_id"],
+                                    [img.num_tokens for img in images])
+            self._check_lengths(enc, dec, sp, sum(img.num_tokens for img in images))
             base_rid = item["rid"] or uuid.uuid4().hex
             key = self._encoder_key(enc) if enc else None
             for i in range(sp.n):
@@ -89,21 +104,54 @@ class TokenizerManager:
                     encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
                     stream=obj.stream, return_logprob=obj.return_logprob,
                     top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
+                    images=images, cross_spans=spans,
                 ))
         rids = [r.rid for r in reqs]
         if len(set(rids)) != len(rids) or any(r in self.states for r in rids):
             raise ValueError("rid must be unique among running requests")
         return is_batch or len(reqs) > 1, reqs
 
+    def _images(self, sources: list) -> list[ImageFeatures]:
+        if not sources:
+            return []
+        if self.image_processor is None:
+            raise ValueError("this model takes no images (image_data was given)")
+        if len(sources) > self.max_images:
+            raise ValueError(f"{len(sources)} images in one request, over the limit of "
+                             f"{self.max_images}")
+        out = []
+        for i, src in enumerate(sources):
+            try:
+                image, ident = load_image(src, self.media_policy)
+            except ValueError as e:
+                raise ValueError(f"image {i}: {e}") from None
+            out.append(self.image_processor(image, ident))
+        return out
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        if self.image_processor is None:
+            return self.tokenizer(text).input_ids
+        # exactly as HF's Mllama processor: unless the prompt has a BOS token already, one is
+        # inserted after any leading <|image|> tokens; then the tokenizer adds its own
+        image = self.tokenizer.convert_ids_to_tokens(self.info["image_token_id"])
+        bos = self.tokenizer.bos_token or ""
+        if bos and bos not in text:
+            leading = 0
+            while text.startswith(image):
+                text, leading = text[len(image):], leading + 1
+            text = image * leading + bos + text
+        return self.tokenizer(text).input_ids
+
     def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
         vocab = self.info["vocab_size"]
         if "text" in item:
-            ids = self.tokenizer(item["text"]).input_ids
+            ids = self._prompt_ids(item["text"])
         else:
             ids = item["input_ids"]
-            bad = [t for t in ids if not 0 <= t < vocab]
+            limit = self.info.get("input_vocab_size", vocab)  # Mllama: + <|image|>
+            bad = [t for t in ids if not 0 <= t < limit]
             if bad:
-                raise ValueError(f"input_ids has token id {bad[0]} outside [0, {vocab})")
+                raise ValueError(f"input_ids has token id {bad[0]} outside [0, {limit})")
         if not self.is_encoder_decoder:
             if item["decoder_input_ids"] is not None:
                 raise ValueError("decoder_input_ids is only for encoder-decoder models")
@@ -117,13 +165,16 @@ class TokenizerManager:
             dec = [start] + dec
         return ids, dec
 
-    def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams) -> None:
+    def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams,
+                       image_tokens: int = 0) -> None:
         info = self.info
-        if enc:
-            limit = min(info["max_encoder_len"], info["cross_capacity_tokens"])
-            if len(enc) > limit:
-                raise ValueError(f"the input is {len(enc)} tokens, longer than the limit of "
-                                 f"{limit} (max_encoder_len / cross-KV pool)")
+        limit = min(info["max_encoder_len"], info["cross_capacity_tokens"])
+        if len(enc) > limit:
+            raise ValueError(f"the input is {len(enc)} tokens, longer than the limit of "
+                             f"{limit} (max_encoder_len / cross-KV pool)")
+        if image_tokens > limit:
+            raise ValueError(f"the images need {image_tokens} cross-attention tokens, over the "
+                             f"limit of {limit} (max_encoder_len / cross-KV pool)")
         total = len(dec) + sp.max_new_tokens
         limit = min(info["context_length"], info["kv_capacity_tokens"])
         if total > limit:

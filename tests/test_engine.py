@@ -117,6 +117,7 @@ def test_async_generate(engine):
     ({"prompt": "x", "sampling_params": {"bogus": 1}}, "bogus"),
     ({"prompt": "x", "sampling_params": {"top_p": 7}}, "top_p"),
     ({"prompt": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+    ({"prompt": "x", "image_data": [b"\x89PNG"]}, "takes no images"),
 ])
 def test_bad_input_raises_and_the_engine_keeps_serving(engine, kwargs, message, tok, t5_dir):
     with pytest.raises(ValueError, match=message):

@@ -123,9 +123,9 @@ class T5ForConditionalGeneration(nn.Module):
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
 
     # --- the encoder stage -------------------------------------------------------------------
-    def encode(self, input_ids: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def encode(self, fb: ForwardBatch) -> torch.Tensor:
         """Run the encoder over a packed ragged batch; returns hidden states [tokens, d_model]."""
-        x = self.shared(input_ids)
+        x = self.shared(fb.encoder_input_ids)
         for layer in self.encoder_layers:
             x = layer(x, fb, self.encoder_bias)
         return self.encoder_norm(x)

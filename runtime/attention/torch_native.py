@@ -68,9 +68,10 @@ class TorchNativeBackend(AttentionBackend):
             if idx.numel() == 0 or s == e:
                 continue  # nothing to attend to: the output stays zero
             mask = None
-            if fb.cross_kv_limit is not None:
-                limit = fb.cross_kv_limit[s:e]
-                mask = torch.arange(idx.numel(), device=q.device)[None, :] < limit[:, None]
+            if fb.cross_kv_start is not None:
+                keys = torch.arange(idx.numel(), device=q.device)[None, :]
+                mask = ((keys >= fb.cross_kv_start[s:e, None])
+                        & (keys < fb.cross_kv_end[s:e, None]))
             o = _attend(q[s:e], k_buf[idx], v_buf[idx], layer, mask, None)
             if mask is not None:  # a query with no key to attend to gets zero, not NaN
                 o = torch.where(mask.any(dim=1)[:, None], o, torch.zeros_like(o))

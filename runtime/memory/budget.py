@@ -41,8 +41,9 @@ def plan_pools(*, budget_bytes: int, self_bytes_per_token: int, cross_bytes_per_
     self_cap = max_running * context_len  # more than every running request could ever use
     cross_cap = max_running * max_encoder_len if cross_bytes_per_token else 0
     if cross_fraction is None:
-        # by what a full-length request of each kind would take
-        want_self = context_len * self_bytes_per_token
+        # by what a long request of each kind would take (decoder length capped: long-context
+        # models would otherwise starve the cross pool)
+        want_self = min(context_len, 4096) * self_bytes_per_token
         want_cross = max_encoder_len * cross_bytes_per_token
         cross_fraction = want_cross / (want_self + want_cross) if want_cross else 0.0
     if max_total_tokens is None:

@@ -1,0 +1,71 @@
+"""What the encoder stage consumes: preprocessed images (text encoders take token ids)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ImageFeatures:
+    """One image, preprocessed by the checkpoint's image processor (set by the tokenizer
+    manager). Its cross K/V are `num_tokens` long: only the real tiles are kept."""
+
+    pixel_values: torch.Tensor = field(repr=False)  # [max_tiles, C, H, W] float32
+    aspect_ratio_id: int
+    num_tiles: int
+    num_tokens: int
+    key: str  # content hash of model, image bytes and processor settings
+
+
+@dataclass
+class ImageBatch:
+    """The images of one ENCODE batch, stacked (padded tiles included, as the tower expects)."""
+
+    pixel_values: torch.Tensor  # [images, max_tiles, C, H, W]
+    aspect_ratio_ids: torch.Tensor  # [images]
+    num_tiles: list[int]
+
+    @classmethod
+    def of(cls, images: list[ImageFeatures]) -> ImageBatch:
+        return cls(pixel_values=torch.stack([i.pixel_values for i in images]),
+                   aspect_ratio_ids=torch.tensor([i.aspect_ratio_id for i in images]),
+                   num_tiles=[i.num_tiles for i in images])
+
+    def to(self, device: str) -> ImageBatch:
+        return ImageBatch(self.pixel_values.to(device, non_blocking=True),
+                          self.aspect_ratio_ids.to(device, non_blocking=True), self.num_tiles)
+
+
+def cross_spans(token_ids: list[int], image_token_id: int,
+                image_tokens: list[int]) -> list[tuple[int, int, int]]:
+    """Which cross K/V each decoder position may read, as HF's Mllama processor defines it.
+
+    Images are packed in order; image i occupies `image_tokens[i]` keys. A run of consecutive
+    `<|image|>` tokens forms a group that later text attends to together, until the next
+    group; image i of a group becomes visible at its own token. Returns spans
+    (first position, kv_start, kv_end): a position reads the span with the largest first
+    position at or before it; positions before the first image read nothing.
+    """
+    locs = [p for p, t in enumerate(token_ids) if t == image_token_id]
+    if len(locs) != len(image_tokens):
+        raise ValueError(f"the prompt has {len(locs)} <|image|> token(s) but "
+                         f"{len(image_tokens)} image(s) were given")
+    spans, offset, group_start = [], 0, 0
+    for i, loc in enumerate(locs):
+        if i == 0 or loc != locs[i - 1] + 1:
+            group_start = offset
+        offset += image_tokens[i]
+        spans.append((loc, group_start, offset))
+    return spans
+
+
+def span_at(spans: list[tuple[int, int, int]], position: int) -> tuple[int, int]:
+    """The (kv_start, kv_end) a decoder position reads under `spans` ((0, 0): nothing)."""
+    best = (0, 0)
+    for first, start, end in spans:
+        if first > position:
+            break
+        best = (start, end)
+    return best

@@ -1,0 +1,145 @@
+"""Mllama (Llama 3.2 Vision): a vision tower whose output becomes cross-attention K/V, and a
+Llama text model with gated cross-attention layers at `cross_attention_layers`.
+
+Masking follows the reference implementation: a text token sees only the images of its group
+(its own `<|image|>` run up to the next one, the runtime passes each query's key range in
+the ForwardBatch); a token with no image (text before the first `<|image|>`, text-only
+requests) gets neither cross-attention nor the cross layer's MLP. (HF transformers 5 masks
+only the MLP for such rows: huggingface/transformers#39379.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from seq2serve.models.attention import Attention
+from seq2serve.models.linear import Linear
+from seq2serve.models.llama.model import LlamaDecoderLayer
+from seq2serve.models.mlp import GatedMLP
+from seq2serve.models.mllama.config import MllamaConfig
+from seq2serve.models.mllama.vision import MllamaVisionModel
+from seq2serve.models.mllama.weights import hf_to_param
+from seq2serve.models.norm import RMSNorm
+from seq2serve.models.rotary import RotaryEmbedding, rope_inv_freq
+from seq2serve.runtime.attention.base import AttentionKind
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.forward_batch import ForwardBatch
+
+
+class MllamaCrossAttention(nn.Module):
+    def __init__(self, cfg: MllamaConfig, cross_id: int) -> None:
+        super().__init__()
+        t = cfg.text
+        h, kvh, d = t.num_attention_heads, t.num_key_value_heads, t.head_dim
+        self.kv_size = kvh * d
+        self.q_proj = Linear(t.hidden_size, h * d)
+        self.kv_proj = Linear(t.hidden_size, [kvh * d, kvh * d])
+        self.o_proj = Linear(h * d, t.hidden_size)
+        self.q_norm = RMSNorm(d, t.rms_norm_eps)
+        self.k_norm = RMSNorm(d, t.rms_norm_eps)
+        self.attn = Attention(AttentionKind.CROSS, cross_id, h, kvh, d, scaling=d**-0.5)
+
+    def store_kv(self, vision_states: torch.Tensor, fb: ForwardBatch) -> None:
+        k, v = self.kv_proj(vision_states).split(self.kv_size, dim=-1)
+        k = self.k_norm(k.view(-1, self.attn.num_kv_heads, self.attn.head_dim))
+        self.attn.store_cross_kv(k, v, fb)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        q = self.q_norm(self.q_proj(x).view(-1, self.attn.num_heads, self.attn.head_dim))
+        return self.o_proj(self.attn(q, None, None, fb))
+
+
+class MllamaCrossAttentionLayer(nn.Module):
+    """Cross-attention and an MLP, each tanh-gated; rows without an image pass through."""
+
+    def __init__(self, cfg: MllamaConfig, cross_id: int) -> None:
+        super().__init__()
+        t = cfg.text
+        self.input_layernorm = RMSNorm(t.hidden_size, t.rms_norm_eps)
+        self.cross_attn = MllamaCrossAttention(cfg, cross_id)
+        self.cross_attn_attn_gate = nn.Parameter(torch.empty(1), requires_grad=False)
+        self.post_attention_layernorm = RMSNorm(t.hidden_size, t.rms_norm_eps)
+        self.mlp = GatedMLP(t.hidden_size, t.intermediate_size, t.hidden_act)
+        self.cross_attn_mlp_gate = nn.Parameter(torch.empty(1), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch, has_image: torch.Tensor) -> torch.Tensor:
+        h = self.cross_attn(self.input_layernorm(x), fb) * has_image
+        x = x + self.cross_attn_attn_gate.tanh() * h
+        h = self.mlp(self.post_attention_layernorm(x)) * has_image
+        return x + self.cross_attn_mlp_gate.tanh() * h
+
+
+class MllamaForConditionalGeneration(nn.Module):
+    config_class = MllamaConfig
+
+    def __init__(self, cfg: MllamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        t = cfg.text
+        self.vision_model = MllamaVisionModel(cfg.vision)
+        self.multi_modal_projector = Linear(cfg.vision.vision_output_dim, t.hidden_size,
+                                            bias=True)
+        self.rotary = RotaryEmbedding(t.head_dim, t.rope_theta, t.rope_scaling)
+        self.embed_tokens = nn.Embedding(t.vocab_size + 8, t.hidden_size)  # HF keeps 8 spare
+        self.embed_tokens.weight.requires_grad_(False)
+        layers, self_id, cross_id = [], 0, 0
+        for i in range(t.num_hidden_layers):
+            if i in cfg.cross_attention_layers:
+                layers.append(MllamaCrossAttentionLayer(cfg, cross_id))
+                cross_id += 1
+            else:
+                layers.append(LlamaDecoderLayer(t, self_id))
+                self_id += 1
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
+        self.lm_head = Linear(t.hidden_size, t.vocab_size)
+
+    # --- the encoder stage -------------------------------------------------------------------
+    def encode(self, fb: ForwardBatch) -> torch.Tensor:
+        """Vision tower + projector over the batch's images; the real tiles' states, packed."""
+        imgs = fb.encoder_images
+        states = self.vision_model(imgs.pixel_values, imgs.aspect_ratio_ids, imgs.num_tiles)
+        return self.multi_modal_projector(torch.cat(states))
+
+    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: ForwardBatch) -> None:
+        for layer in self.layers:
+            if isinstance(layer, MllamaCrossAttentionLayer):
+                layer.cross_attn.store_kv(encoder_hidden, fb)
+
+    # --- the text model ----------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
+        has_image = self._rows_with_images(fb, x)
+        for layer in self.layers:
+            if isinstance(layer, MllamaCrossAttentionLayer):
+                x = layer(x, fb, has_image)
+            else:
+                x = layer(x, rope, fb)
+        return self.norm(x)
+
+    @staticmethod
+    def _rows_with_images(fb: ForwardBatch, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, 1]: 1 where the token has at least one image to attend to."""
+        if fb.cross_kv_start is None:
+            return torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device)
+        return (fb.cross_kv_end > fb.cross_kv_start).to(x.dtype)[:, None]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    # --- weights -----------------------------------------------------------------------------
+    weight_map = staticmethod(hf_to_param)
+
+    def tie_missing(self, missing: set[str]) -> set[str]:
+        return missing
+
+    def init_buffers(self) -> None:
+        t = self.cfg.text
+        self.rotary.inv_freq = rope_inv_freq(t.head_dim, t.rope_theta, t.rope_scaling).to(
+            self.embed_tokens.weight.device)

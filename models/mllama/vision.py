@@ -1,0 +1,172 @@
+"""Mllama's vision tower, as HF `MllamaVisionModel` defines it.
+
+Each image is split into up to `max_num_tiles` tiles; each tile into patches plus a class
+token. Tile and position embeddings are gated by the image's aspect ratio. A local transformer
+runs over all tiles of an image, then a gated global transformer; the output concatenates the
+final states with chosen intermediate layers'. As in the reference, padded tiles and padded
+patches are computed too and real tokens may attend to them (only padding->padding is
+blocked); the caller keeps only the real tiles' outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seq2serve.models.linear import Linear
+from seq2serve.models.mlp import ACTIVATIONS
+from seq2serve.models.mllama.config import MllamaVisionConfig
+
+
+class AspectRatioEmbedding(nn.Module):
+    """A per-tile vector chosen by the image's aspect ratio id, scaled by tanh(gate)."""
+
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.max_tiles, self.hidden = cfg.max_num_tiles, cfg.hidden_size
+        self.embedding = nn.Embedding(cfg.max_aspect_ratio_id + 1,
+                                      cfg.max_num_tiles * cfg.hidden_size)
+        self.gate = nn.Parameter(torch.empty(1), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, aspect_ratio_ids: torch.Tensor) -> torch.Tensor:
+        e = self.embedding(aspect_ratio_ids).reshape(-1, self.max_tiles, 1, self.hidden)
+        return x + e * self.gate.tanh()
+
+
+class GatedPositionEmbedding(nn.Module):
+    """Patch positions (weighted by 1 - tanh(gate)) plus tile positions (by tanh(gate))."""
+
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.max_tiles, self.hidden, self.num_patches = (cfg.max_num_tiles, cfg.hidden_size,
+                                                         cfg.num_patches)
+        self.gate = nn.Parameter(torch.empty(1), requires_grad=False)
+        self.embedding = nn.Parameter(torch.empty(cfg.num_patches, cfg.hidden_size),
+                                      requires_grad=False)
+        self.tile_embedding = nn.Embedding(cfg.max_aspect_ratio_id + 1,
+                                           cfg.max_num_tiles * cfg.num_patches * cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, aspect_ratio_ids: torch.Tensor) -> torch.Tensor:
+        gate = self.gate.tanh()
+        x = x + (1 - gate) * self.embedding.view(1, 1, self.num_patches, self.hidden)
+        tiles = self.tile_embedding(aspect_ratio_ids).reshape(
+            x.shape[0], self.max_tiles, self.num_patches, self.hidden)
+        return x + gate * tiles
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.heads = cfg.attention_heads
+        self.head_dim = cfg.hidden_size // cfg.attention_heads
+        inner = self.heads * self.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, [inner, inner, inner])
+        self.o_proj = Linear(inner, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, real: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """x [images, tokens, hidden]; `real`/`pad` index the tokens of each kind (the same
+        layout for every image in x). Real queries see every key; padding sees real keys."""
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+                   for t in self.qkv_proj(x).chunk(3, dim=-1))
+        out = torch.empty_like(q)
+        out[:, :, real] = F.scaled_dot_product_attention(q[:, :, real], k, v)
+        if pad.numel():
+            out[:, :, pad] = F.scaled_dot_product_attention(q[:, :, pad], k[:, :, real],
+                                                            v[:, :, real])
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class VisionLayer(nn.Module):
+    def __init__(self, cfg: MllamaVisionConfig, gated: bool) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.self_attn = VisionAttention(cfg)
+        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
+        self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.gated = gated
+        if gated:
+            self.gate_attn = nn.Parameter(torch.empty(1), requires_grad=False)
+            self.gate_ffn = nn.Parameter(torch.empty(1), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, real: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), real, pad)
+        x = x + (self.gate_attn.tanh() * h if self.gated else h)
+        h = self.fc2(self.act(self.fc1(self.post_attention_layernorm(x))))
+        return x + (self.gate_ffn.tanh() * h if self.gated else h)
+
+
+class MllamaVisionModel(nn.Module):
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embedding = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size,
+                                         stride=cfg.patch_size, bias=False)
+        self.class_embedding = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
+        self.pre_tile_positional_embedding = AspectRatioEmbedding(cfg)
+        self.post_tile_positional_embedding = AspectRatioEmbedding(cfg)
+        self.gated_positional_embedding = GatedPositionEmbedding(cfg)
+        self.layernorm_pre = nn.LayerNorm(cfg.hidden_size)
+        self.layernorm_post = nn.LayerNorm(cfg.hidden_size)
+        self.transformer = nn.ModuleList(VisionLayer(cfg, False)
+                                         for _ in range(cfg.num_hidden_layers))
+        self.global_transformer = nn.ModuleList(VisionLayer(cfg, True)
+                                                for _ in range(cfg.num_global_layers))
+
+    def forward(self, pixel_values: torch.Tensor, aspect_ratio_ids: torch.Tensor,
+                num_tiles: list[int]) -> list[torch.Tensor]:
+        """pixel_values [images, max_tiles, C, H, W] -> for each image, the states of its real
+        tiles: [num_tiles * num_patches, vision_output_dim]."""
+        cfg = self.cfg
+        b, tiles = pixel_values.shape[:2]
+        x = self.patch_embedding(pixel_values.flatten(0, 1).to(self.patch_embedding.weight.dtype))
+        x = x.flatten(2).transpose(1, 2)  # [b * tiles, patches, dim]
+        dim = x.shape[-1]
+        x = self.pre_tile_positional_embedding(x.reshape(b, tiles, -1, dim), aspect_ratio_ids)
+        cls = self.class_embedding.expand(b * tiles, 1, dim)
+        x = torch.cat([cls, x.reshape(b * tiles, -1, dim)], dim=1)
+        patches = x.shape[1]
+        x = self.gated_positional_embedding(x.reshape(b, tiles, patches, dim), aspect_ratio_ids)
+        x = self.layernorm_pre(x)
+        padded = patches + (8 - patches % 8) % 8  # as HF: patches padded to a multiple of 8
+        x = F.pad(x, (0, 0, 0, padded - patches))
+
+        out = torch.empty(b, tiles, patches, cfg.vision_output_dim, dtype=x.dtype,
+                          device=x.device)
+        # images with the same number of real tiles share one token layout: run them together
+        for n in sorted(set(num_tiles)):
+            sel = torch.tensor([i for i, t in enumerate(num_tiles) if t == n], device=x.device)
+            real, pad = _token_layout(n, tiles, patches, padded, x.device)
+            out[sel] = self._encode(x[sel], aspect_ratio_ids[sel], real, pad, patches, padded)
+        return [out[i, :t].reshape(t * patches, -1) for i, t in enumerate(num_tiles)]
+
+    def _encode(self, x, aspect_ratio_ids, real, pad, patches, padded) -> torch.Tensor:
+        b, tiles, _, dim = x.shape
+        h = x.reshape(b, tiles * padded, dim)
+        keep: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.transformer):
+            h = layer(h, real, pad)
+            if i in self.cfg.intermediate_layers_indices:
+                keep[i] = h
+        h = self.layernorm_post(h)
+        h = self.post_tile_positional_embedding(h.reshape(b, tiles, padded, dim),
+                                                aspect_ratio_ids).reshape(b, tiles * padded, dim)
+        for layer in self.global_transformer:
+            h = layer(h, real, pad)
+        inter = [keep[i] for i in self.cfg.intermediate_layers_indices]
+        # HF stacks the intermediate states on a new last axis, then flattens (dim-major)
+        stacked = torch.stack(inter, dim=-1).reshape(b, tiles * padded, -1)
+        h = torch.cat([h, stacked], dim=-1).reshape(b, tiles, padded, -1)
+        return h[:, :, :patches]
+
+
+def _token_layout(num_real_tiles: int, tiles: int, patches: int, padded: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of real and padding tokens in an image of `tiles` x `padded` tokens."""
+    pos = torch.arange(tiles * padded, device=device)
+    is_real = ((pos // padded) < num_real_tiles) & ((pos % padded) < patches)
+    return pos[is_real], pos[~is_real]
+

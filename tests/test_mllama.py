@@ -1,0 +1,176 @@
+"""Mllama: parity with HF on a mixed batch, image inputs in every form, chat, and bad input."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+from seq2serve import Seq2SeqEngine
+from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+from seq2serve.tests.mllama_oracle import MllamaOracle, random_image, reference_row_masking
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+IMAGE = 128256
+
+
+@pytest.fixture(scope="module")
+def mllama_dir(tmp_path_factory):
+    return str(write_mllama_checkpoint(tmp_path_factory.mktemp("mllama"), seed=3))
+
+
+@pytest.fixture(scope="module")
+def oracle(mllama_dir):
+    return MllamaOracle(mllama_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(mllama_dir):
+    with Seq2SeqEngine(model_path=mllama_dir, device="cpu", max_images_per_request=3,
+                       max_image_pixels=200_000) as e:
+        yield e
+        e.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def images():
+    # wide (several tiles), tall, and square: different aspect ratios and tile counts
+    return [random_image(1, 40, 90), random_image(2, 100, 30), random_image(3, 28, 28)]
+
+
+def test_image_first_batch_matches_vanilla_hf(engine, oracle, images):
+    """No token precedes its image here, so HF needs no fix: exact parity with HF as is."""
+    tok = oracle.processor.tokenizer
+    text = tok("Describe the picture", add_special_tokens=False).input_ids
+    bos = tok.bos_token_id
+    cases = [([IMAGE, bos] + text, [images[0]]),
+             ([IMAGE, IMAGE, bos] + text, [images[0], images[1]]),
+             ([bos] + text, []),
+             ([IMAGE, bos] + text[:2] + [IMAGE] + text[2:], [images[1], images[2]])]
+    outs = engine.generate(input_ids=[c[0] for c in cases], image_data=[c[1] for c in cases],
+                           sampling_params=GREEDY)
+    for (ids, imgs), out in zip(cases, outs):
+        assert out["output_ids"] == oracle.generate_ids(ids, imgs, 8), ids
+    tile_counts = {oracle.processor.image_processor(images=[[i]])["num_tiles"][0][0]
+                   for i in images}
+    assert len(tile_counts) > 1  # the batch really mixed tile counts
+
+
+def test_mixed_batch_matches_hf_with_reference_masking(engine, oracle, images):
+    """Raw prompts through HF's processor, including text before its image: HF with the
+    upstream fix for its cross-attention leak (transformers#39379)."""
+    cases = [("<|image|>What is shown here?", [images[0]]),
+             ("<|image|><|image|>Compare these two", [images[0], images[1]]),
+             ("Tell me a story about a cat", []),
+             ("Look at this photo: <|image|> what is in it?", [images[2]])]
+    outs = engine.generate(prompt=[c[0] for c in cases], image_data=[c[1] for c in cases],
+                           sampling_params=GREEDY)
+    with reference_row_masking():
+        refs = [oracle.generate_text(p, imgs, 8) for p, imgs in cases]
+    assert [o["output_ids"] for o in outs] == refs
+    # and the images matter: without them the same prompt continues differently
+    blind = engine.generate(prompt="What is shown here?", sampling_params=GREEDY)
+    assert blind["output_ids"] != outs[0]["output_ids"]
+
+
+def test_every_image_input_form_gives_the_same_answer(engine, images, tmp_path):
+    buf = io.BytesIO()
+    images[0].save(buf, format="PNG")
+    raw = buf.getvalue()
+    b64 = base64.b64encode(raw).decode()
+    path = tmp_path / "img.png"
+    path.write_bytes(raw)
+    forms = [images[0], raw, b64, f"data:image/png;base64,{b64}", str(path)]
+    outs = [engine.generate(prompt="<|image|>Describe", image_data=[f],
+                            sampling_params=GREEDY)["output_ids"] for f in forms]
+    assert all(o == outs[0] for o in outs)
+
+
+def test_chat_with_image_parts(engine, oracle, images):
+    messages = [{"role": "user", "content": [{"type": "image", "image": images[1]},
+                                             {"type": "text", "text": "What is this?"}]}]
+    out = engine.chat(messages, sampling_params=GREEDY)
+    text = oracle.processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"},
+                                      {"type": "text", "text": "What is this?"}]}],
+        add_generation_prompt=True)
+    with reference_row_masking():  # the chat header precedes the image
+        # as HF's Llama 3.2 Vision example: the template already wrote the BOS token
+        ref = oracle.generate_text(text, [images[1]], 8, add_special_tokens=False)
+    assert out["output_ids"] == ref
+
+
+def _png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("image, message", [
+    (b"not an image at all", "could not be decoded"),
+    ("bm90IGFuIGltYWdl", "could not be decoded"),  # valid base64, not an image
+    ("data:text/plain;base64,aGk=", "data URL"),
+    ("%%% not base64 %%%", "base64"),
+    ("ftp://example.com/x.png", "scheme"),
+    ("https://example.com/x.png", "disabled"),
+])
+def test_bad_images_are_refused(engine, images, image, message):
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompt="<|image|>Describe", image_data=[image], sampling_params=GREEDY)
+    assert engine.generate(prompt="<|image|>Hi", image_data=[images[2]],
+                           sampling_params=GREEDY)["meta_info"]["completion_tokens"] == 8
+
+
+def test_truncated_oversized_and_miscounted_images(engine, images):
+    png = _png(images[0])
+    with pytest.raises(ValueError, match="could not be decoded"):
+        engine.generate(prompt="<|image|>x", image_data=[png[: len(png) // 2]])
+    with pytest.raises(ValueError, match="over the limit"):
+        engine.generate(prompt="<|image|>x", image_data=[random_image(4, 500, 500)])
+    with pytest.raises(ValueError, match="over the limit of 3"):
+        engine.generate(prompt="<|image|>" * 4 + "x", image_data=[images[2]] * 4)
+    with pytest.raises(ValueError, match="2 <|image|> token"):
+        engine.generate(prompt="<|image|><|image|>x", image_data=[images[2]])
+    with pytest.raises(ValueError, match="0 <|image|> token"):
+        engine.generate(prompt="no image token", image_data=[images[2]])
+    engine.check_integrity()
+
+
+def test_openai_client_sends_an_image_data_url(mllama_dir, engine, images, tmp_path):
+    import httpx
+    import openai
+
+    from seq2serve.tests.server_helpers import ServerProcess
+
+    b64 = base64.b64encode(_png(images[0])).decode()
+    parts = [{"type": "text", "text": "What is in"},
+             {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}},
+             {"type": "text", "text": " this picture?"}]
+    ref = engine.chat([{"role": "user", "content": parts}], sampling_params=GREEDY)
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "a.png").write_bytes(_png(images[0]))
+    srv = ServerProcess(mllama_dir, "--allowed-local-media-path", str(tmp_path / "media"))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused")
+        model = client.models.list().data[0].id
+        kwargs = dict(model=model, messages=[{"role": "user", "content": parts}], max_tokens=8,
+                      temperature=0, extra_body={"ignore_eos": True})
+        r = client.chat.completions.create(**kwargs)
+        assert r.choices[0].message.content == ref["text"]
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           client.chat.completions.create(stream=True, **kwargs) if c.choices)
+        assert streamed == ref["text"]
+        # local files: only under the allowed directory, never elsewhere
+        for url, ok in ((str(tmp_path / "media" / "a.png"), True),
+                        (str(tmp_path / "elsewhere.png"), False), ("/etc/passwd", False)):
+            body = {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "hi"}]}], "max_tokens": 2}
+            resp = httpx.post(srv.url + "/v1/chat/completions", json=body)
+            assert (resp.status_code == 200) == ok, resp.text
+            if not ok:
+                assert "image 0" in resp.json()["error"]["message"]
+        assert httpx.get(srv.url + "/debug/integrity").json()["ok"]
+    finally:
+        assert srv.terminate() == 0
