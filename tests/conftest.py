@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
+import torch
+
+# Triton reads this when it is imported: without a GPU its kernels run in the interpreter
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

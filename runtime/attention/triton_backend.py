@@ -1,0 +1,109 @@
+"""The Triton backend: paged decoder self-attention and encoder attention with the T5 bias
+computed in the kernels, ragged cross-attention, split-KV decode. Runs on CUDA, and on the CPU
+under TRITON_INTERPRET=1 (slowly: tests only)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from seq2serve.cross_attention.triton_cross_attention import cross_attention_extend
+from seq2serve.runtime.attention.base import AttentionBackend, AttentionLayer, PositionBias
+from seq2serve.runtime.attention.triton_decode import num_kv_splits, paged_decode_attention
+from seq2serve.runtime.attention.triton_encoder_attention import encoder_attention
+from seq2serve.runtime.attention.triton_flash import query_blocks
+from seq2serve.runtime.attention.triton_self_attention import self_attention_extend
+from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode
+
+_INTERPRETER_SMS = 4  # small, so CPU tests exercise split-KV decode on short contexts
+
+
+@dataclass
+class _Metadata:
+    """What every layer's call needs, built once per batch from the host-side lengths."""
+
+    q_starts: torch.Tensor  # [B + 1] int32 offset of each request's queries (ENCODE: tokens)
+    req_rows: torch.Tensor  # [B] int32 row of each request in req_to_token / req_to_cross
+    block_req: torch.Tensor  # [tiles] int32 request of each query tile (prefill kernels)
+    block_start: torch.Tensor  # [tiles] int32 first query row of each tile in its request
+    decode: bool  # one query per request: the split-KV decode kernel serves SELF and CROSS
+    self_splits: int  # KV splits of the decode kernels
+    cross_splits: int
+    cross_kv_start: torch.Tensor | None  # decode: first cross key of each request, if ranged
+    cross_kv_end: torch.Tensor | None  # decode: end of each request's cross keys
+
+
+class TritonBackend(AttentionBackend):
+    def __init__(self, device: str, **_: object) -> None:
+        self.device = device
+        self.num_sms = _INTERPRETER_SMS
+        if device.startswith("cuda"):
+            self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        encode = fb.forward_mode is ForwardMode.ENCODE
+        q_lens = fb.encoder_lens_cpu if encode else fb.extend_lens_cpu
+        decode = not encode and all(n == 1 for n in q_lens)
+        starts = list(itertools.accumulate(q_lens, initial=0))
+        rows = [] if encode else fb.req_pool_indices_cpu
+        block_req, block_start = ([], []) if decode else query_blocks(q_lens)
+        # one host-to-device copy for all the index tensors of the batch
+        packed = torch.tensor(starts + rows + block_req + block_start, dtype=torch.int32)
+        packed = packed.to(self.device, non_blocking=True)
+        q_starts, req_rows, block_req_t, block_start_t = packed.split(
+            [len(starts), len(rows), len(block_req), len(block_start)])
+        md = _Metadata(q_starts=q_starts, req_rows=req_rows, block_req=block_req_t,
+                       block_start=block_start_t, decode=decode, self_splits=1,
+                       cross_splits=1, cross_kv_start=None, cross_kv_end=None)
+        if decode:
+            batch = len(q_lens)
+            if fb.token_to_kv_pool is not None:
+                md.self_splits = num_kv_splits(batch, fb.token_to_kv_pool.num_kv_heads,
+                                               max(fb.seq_lens_cpu, default=0), self.num_sms)
+            if fb.cross_kv_pool is not None:
+                md.cross_splits = num_kv_splits(batch, fb.cross_kv_pool.num_kv_heads,
+                                                max(fb.encoder_lens_cpu, default=0),
+                                                self.num_sms)
+            # one query per request: its key range is the request's
+            md.cross_kv_start = fb.cross_kv_start
+            md.cross_kv_end = (fb.encoder_lens if fb.cross_kv_end is None
+                               else torch.minimum(fb.encoder_lens, fb.cross_kv_end))
+        fb.attn_metadata = md
+
+    def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
+                     position_bias: PositionBias | None) -> torch.Tensor:
+        md: _Metadata = fb.attn_metadata
+        k_buf = fb.token_to_kv_pool.k_buffers[layer.layer_id]
+        v_buf = fb.token_to_kv_pool.v_buffers[layer.layer_id]
+        req_to_token = fb.req_to_token_pool.req_to_token
+        if md.decode:
+            return paged_decode_attention(q, k_buf, v_buf, req_to_token, md.req_rows,
+                                          fb.seq_lens, md.self_splits, layer.scaling,
+                                          position_bias)
+        return self_attention_extend(q, k_buf, v_buf, req_to_token, md.req_rows, fb.seq_lens,
+                                     md.q_starts, md.block_req, md.block_start, layer.scaling,
+                                     position_bias)
+
+    def forward_cross(self, q: torch.Tensor, layer: AttentionLayer,
+                      fb: ForwardBatch) -> torch.Tensor:
+        md: _Metadata = fb.attn_metadata
+        k_buf = fb.cross_kv_pool.k_buffers[layer.layer_id]
+        v_buf = fb.cross_kv_pool.v_buffers[layer.layer_id]
+        req_to_cross = fb.req_to_token_pool.req_to_cross
+        if md.decode:
+            return paged_decode_attention(q, k_buf, v_buf, req_to_cross, md.req_rows,
+                                          md.cross_kv_end, md.cross_splits, layer.scaling,
+                                          kv_starts=md.cross_kv_start)
+        return cross_attention_extend(q, k_buf, v_buf, req_to_cross, md.req_rows,
+                                      fb.encoder_lens, md.q_starts, md.block_req,
+                                      md.block_start, layer.scaling, fb.cross_kv_start,
+                                      fb.cross_kv_end)
+
+    def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        layer: AttentionLayer, fb: ForwardBatch,
+                        position_bias: PositionBias | None) -> torch.Tensor:
+        md: _Metadata = fb.attn_metadata
+        return encoder_attention(q, k, v, md.q_starts, md.block_req, md.block_start,
+                                 layer.scaling, position_bias)
