@@ -1,25 +1,51 @@
-"""The encoder stage: runs the encoder once per new encoder input, over one packed ragged batch,
-and leaves each request's cross-attention K/V in its CrossKVPool slots."""
+"""The encoder stage: fills the cross-attention K/V that newly admitted requests still miss.
+
+One ENCODE forward per scheduler step at most: the encoder runs once per distinct new input
+(text or image) over one packed, unpadded batch; inputs whose hidden states are cached only
+get their K/V projections. New hidden states are offered to the encoder cache's warm tier.
+"""
 
 from __future__ import annotations
 
-from seq2serve.runtime.req import Req
-from seq2serve.runtime.schedule_batch import ScheduleBatch
+import torch
+
+from seq2serve.encoders.encoder_cache import EncodeWork, EncoderCache
+from seq2serve.encoders.encoder_input import ImageBatch
+from seq2serve.runtime.forward_batch import ForwardMode, ModelWorkerBatch
+from seq2serve.runtime.memory.request_memory import EncoderJob
 
 
 class EncoderStage:
-    def __init__(self, worker) -> None:
+    def __init__(self, worker, cache: EncoderCache) -> None:
         self.worker = worker
+        self.cache = cache
         self.num_forwards = 0  # encoder passes run (tests count them)
-        self.num_encoded_tokens = 0
+        self.num_encoded_inputs = 0
+        self.num_projected_inputs = 0  # warm hits: K/V projected from cached hidden states
 
-    def run(self, reqs: list[Req]) -> ScheduleBatch:
-        """Encode every request in `reqs` whose cross K/V are not ready yet."""
-        todo = [r for r in reqs if r.needs_encoder]
-        batch = ScheduleBatch.encode(todo)
-        self.worker.forward_encode(batch.worker_batch)
-        for r in todo:
-            r.cross_kv.ready = True
-        self.num_forwards += 1
-        self.num_encoded_tokens += sum(r.encoder_len for r in todo)
-        return batch
+    def run(self, jobs: list[EncoderJob]) -> None:
+        encode = [j for j in jobs if j.work is EncodeWork.ENCODE]
+        project = [j for j in jobs if j.work is EncodeWork.PROJECT]
+        images = [j.segment.image for j in encode if j.segment.image is not None]
+        token_jobs = [j for j in encode if j.segment.token_ids is not None]
+        wb = ModelWorkerBatch(
+            forward_mode=ForwardMode.ENCODE,
+            encoder_input_ids=torch.tensor([t for j in token_jobs for t in j.segment.token_ids])
+            if token_jobs else None,
+            encoder_images=ImageBatch.of(images) if images else None,
+            encoder_lens=[j.segment.length for j in encode],
+            # cross K/V slots: the encoded inputs first, then the projected ones
+            cross_out_loc=torch.cat([j.entry.handle.loc for j in encode + project]),
+            cached_hidden=torch.cat([j.entry.hidden for j in project]) if project else None,
+        )
+        hidden = self.worker.forward_encode(wb)
+        if encode:
+            self.num_forwards += 1
+            offset = 0
+            for j in encode:
+                self.cache.keep_hidden(j.entry, hidden[offset:offset + j.segment.length].clone())
+                offset += j.segment.length
+        for j in encode + project:
+            j.entry.handle.ready = True
+        self.num_encoded_inputs += len(encode)
+        self.num_projected_inputs += len(project)

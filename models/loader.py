@@ -41,13 +41,22 @@ def checkpoint_files(model_dir: str) -> list[str]:
     )
 
 
-def load_model(model_config, device: str, dtype: torch.dtype) -> nn.Module:
+def load_model(model_config, device: str, dtype: torch.dtype,
+               load_format: str = "safetensors") -> nn.Module:
+    """Build the model and fill it: from the checkpoint, or with random values of sane scale
+    (load_format "dummy": benchmarks of real shapes without weights on disk)."""
     cls = registry.model_class(model_config.architecture)
-    files = checkpoint_files(model_config.model_path)  # fail before allocating anything
+    if load_format == "safetensors":
+        files = checkpoint_files(model_config.model_path)  # fail before allocating anything
+    elif load_format != "dummy":
+        raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {load_format!r}")
     with torch.device("meta"):
         model = cls(model_config.arch)
     model = model.to(dtype=dtype).to_empty(device=device)
-    load_weights(model, files)
+    if load_format == "dummy":
+        _random_weights(model)
+    else:
+        load_weights(model, files)
     if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
         model.init_buffers()
     return model.eval()
@@ -86,6 +95,23 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
         raise ValueError(f"checkpoint is missing tensor(s): {', '.join(sorted(names)[:10])}"
                          + (" ..." if len(names) > 10 else ""))
     logger.info("loaded %d tensors from %d file(s)", len(source), len(files))
+
+
+@torch.no_grad()
+def _random_weights(model: nn.Module, seed: int = 0) -> None:
+    """Norm weights 1, biases 0, gates 0.5, matrices ~ N(0, 1/fan_in): bounded activations."""
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if "norm" in name and leaf == "weight" and p.dim() == 1:
+            p.fill_(1.0)
+        elif leaf == "bias":
+            p.zero_()
+        elif "gate" in leaf and p.numel() == 1:
+            p.fill_(0.5)
+        else:
+            fan_in = p[0].numel() if p.dim() > 1 else p.numel()
+            p.normal_(0.0, fan_in**-0.5, generator=g)
 
 
 def _shard_sizes(model: nn.Module, param_name: str) -> list[int] | None:

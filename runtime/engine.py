@@ -76,7 +76,7 @@ class Seq2SeqEngine:
                  decoder_input_ids: list[int] | list[list[int]] | None = None,
                  stream: bool = False, return_logprob: bool = False,
                  top_logprobs_num: int = 0, rid: str | list[str] | None = None,
-                 image_data: Any = None):
+                 image_data: Any = None, user: str | None = None):
         """`image_data` (vision models) is aligned with the prompts: for each, one image or a
         list (empty for text-only); an image is a path, bytes, base64, a data URL or a PIL
         image."""
@@ -85,7 +85,7 @@ class Seq2SeqEngine:
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
-                               image_data=image_data)
+                               image_data=image_data, user=user)
         if stream:
             return self._sync_iter(self.tokenizer_manager.generate(obj))
         results = self._call(_collect(self.tokenizer_manager.generate(obj)))
@@ -97,14 +97,14 @@ class Seq2SeqEngine:
                              decoder_input_ids: list[int] | list[list[int]] | None = None,
                              stream: bool = False, return_logprob: bool = False,
                              top_logprobs_num: int = 0, rid: str | list[str] | None = None,
-                             image_data: Any = None):
+                             image_data: Any = None, user: str | None = None):
         """Like `generate`, from async code. With stream=True it returns an async iterator."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
-                               image_data=image_data)
+                               image_data=image_data, user=user)
         if stream:
             return self._async_iter(self.tokenizer_manager.generate(obj))
         results = await self._acall(_collect(self.tokenizer_manager.generate(obj)))
@@ -112,23 +112,23 @@ class Seq2SeqEngine:
 
     def translate(self, text: str | list[str], source_lang: str = "English",
                   target_lang: str = "German", sampling_params: dict | None = None,
-                  stream: bool = False):
+                  stream: bool = False, user: str | None = None):
         """Translate with the model's prompt template (T5's convention when it has none)."""
         texts = text if isinstance(text, list) else [text]
         prompts = [translation_prompt(self.args.model_path, t, source_lang, target_lang)
                    for t in texts]
         return self.generate(prompt=prompts if isinstance(text, list) else prompts[0],
-                             sampling_params=sampling_params, stream=stream)
+                             sampling_params=sampling_params, stream=stream, user=user)
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: dict | None = None,
-             stream: bool = False):
+             stream: bool = False, user: str | None = None):
         """One chat turn: the chat template when the tokenizer has one, else a plain join.
         Content parts may carry images ({"type": "image", "image": ...} or OpenAI's
         {"type": "image_url", ...})."""
         prompt = chat_prompt(self.tokenizer_manager.tokenizer, messages)
         return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
                              image_data=prompt.get("image_data") or None,
-                             sampling_params=sampling_params, stream=stream)
+                             sampling_params=sampling_params, stream=stream, user=user)
 
     # --- operations --------------------------------------------------------------------------
     def check_integrity(self) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class ModelWorkerBatch:
     # encoder side (ENCODE)
     encoder_input_ids: torch.Tensor | None = None  # [encoder tokens] int64, packed
     encoder_images: ImageBatch | None = None  # images for a vision encoder
+    cached_hidden: torch.Tensor | None = None  # cached encoder outputs to project only (device)
     cross_out_loc: torch.Tensor | None = None  # [encoder tokens] int32, CrossKVPool slots
 
     @property
@@ -73,6 +74,7 @@ class ForwardBatch:
     cross_kv_start: torch.Tensor | None
     cross_kv_end: torch.Tensor | None
     encoder_images: ImageBatch | None
+    cached_hidden: torch.Tensor | None
     # the same lengths on the host, for backends that loop or size grids
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
@@ -109,6 +111,7 @@ class ForwardBatch:
             cross_kv_start=dev(b.cross_kv_start, torch.int32),
             cross_kv_end=dev(b.cross_kv_end, torch.int32),
             encoder_images=None if b.encoder_images is None else b.encoder_images.to(device),
+            cached_hidden=b.cached_hidden,
             seq_lens_cpu=list(b.seq_lens),
             extend_lens_cpu=list(b.extend_lens),
             encoder_lens_cpu=list(b.encoder_lens),

@@ -22,6 +22,7 @@ class GenerateReqInput:
     rid: str | list[str] | None = None
     # images of each prompt (vision models): one image or a list per prompt
     image_data: Any = None
+    user: str | None = None  # the caller's user id: caches are per user under isolation
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,
@@ -64,6 +65,8 @@ class GenerateReqInput:
                 raise ValueError("decoder_input_ids must be a list of token ids")
             if item["rid"] is not None and not isinstance(item["rid"], str):
                 raise ValueError("rid must be a string")
+        if self.user is not None and not isinstance(self.user, str):
+            raise ValueError("user must be a string")
         if not isinstance(self.stream, bool):
             raise ValueError("stream must be a boolean")
         if not isinstance(self.return_logprob, bool):

@@ -25,6 +25,7 @@ class TokenizedRequest:
     # which cross K/V each decoder position reads (see encoders.encoder_input.cross_spans);
     # None: every position reads all of them
     cross_spans: list[tuple[int, int, int]] | None = None
+    user: str | None = None  # the caller's user id (cache isolation)
 
 
 @dataclass

@@ -30,6 +30,19 @@ class ServerMetrics:
                               registry=r)
         self.cross_usage = Gauge("seq2serve_cross_kv_cache_usage",
                                  "Share of cross-attention KV slots in use", registry=r)
+        self.encoder_hit_rate = Gauge("seq2serve_encoder_cache_hit_rate",
+                                      "Encoder inputs served from the encoder cache", registry=r)
+        self.encoder_entries = Gauge("seq2serve_encoder_cache_entries",
+                                     "Encoder outputs cached (either tier)", registry=r)
+        self.encoder_hot_tokens = Gauge("seq2serve_encoder_cache_hot_tokens",
+                                        "Cross K/V tokens held by the encoder cache", registry=r)
+        self.encoder_hidden_bytes = Gauge("seq2serve_encoder_cache_hidden_bytes",
+                                          "Encoder hidden states kept (warm tier)", registry=r)
+        self.prefix_hit_rate = Gauge("seq2serve_prefix_cache_hit_rate",
+                                     "Decoder prompt tokens served from the radix cache",
+                                     registry=r)
+        self.prefix_tokens = Gauge("seq2serve_prefix_cache_tokens",
+                                   "Decoder tokens held by the radix cache", registry=r)
 
     # hooks called by the tokenizer manager
     def on_first_token(self, ttft: float) -> None:
@@ -51,6 +64,14 @@ class ServerMetrics:
             self.kv_usage.set(stats["kv_used_tokens"] / stats["kv_total_tokens"])
         if stats.get("cross_total_tokens"):
             self.cross_usage.set(stats["cross_used_tokens"] / stats["cross_total_tokens"])
+        if stats.get("encoder_cache_lookups"):
+            self.encoder_hit_rate.set(stats["encoder_cache_hits"] / stats["encoder_cache_lookups"])
+        self.encoder_entries.set(stats.get("encoder_cache_entries", 0))
+        self.encoder_hot_tokens.set(stats.get("encoder_cache_hot_tokens", 0))
+        self.encoder_hidden_bytes.set(stats.get("encoder_cache_hidden_bytes", 0))
+        if stats.get("radix_queried_tokens"):
+            self.prefix_hit_rate.set(stats["radix_matched_tokens"] / stats["radix_queried_tokens"])
+        self.prefix_tokens.set(stats.get("radix_cache_tokens", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

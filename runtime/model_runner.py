@@ -29,6 +29,7 @@ _DEFAULT_MAX_LEN = 2048
 class ForwardOutput:
     sample: SampleOutput | None  # None for ENCODE
     logits: torch.Tensor | None = None  # [B, vocab] of the sampled positions (debug/tests)
+    encoder_hidden: torch.Tensor | None = None  # ENCODE: the encoder's new outputs, packed
 
 
 def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> torch.dtype:
@@ -48,7 +49,7 @@ class ModelRunner:
         if self.device.startswith("cuda"):
             torch.cuda.set_device(torch.device(self.device))
         torch.manual_seed(args.random_seed)
-        self.model = load_model(model_config, self.device, self.dtype)
+        self.model = load_model(model_config, self.device, self.dtype, args.load_format)
         self._init_pools()
         self.backend_name = args.resolved_attention_backend(self.device)
         self.attn_backend = create_backend(self.backend_name, device=self.device)
@@ -101,9 +102,12 @@ class ModelRunner:
         fb = ForwardBatch.from_worker_batch(wb, self.device, self.pools, self.attn_backend)
         if fb.forward_mode is ForwardMode.ENCODE:
             self.attn_backend.init_forward_metadata(fb)
-            hidden = self.model.encode(fb)
-            self.model.store_cross_kv(hidden, fb)
-            return ForwardOutput(sample=None)
+            new = None
+            if fb.encoder_input_ids is not None or fb.encoder_images is not None:
+                new = self.model.encode(fb)
+            parts = [h for h in (new, fb.cached_hidden) if h is not None]
+            self.model.store_cross_kv(torch.cat(parts) if len(parts) > 1 else parts[0], fb)
+            return ForwardOutput(sample=None, encoder_hidden=new)
         # record where each new token's K/V goes, once for the whole batch
         rows = fb.req_pool_indices.repeat_interleave(fb.extend_lens.long())
         self.req_to_token_pool.req_to_token[rows, fb.positions] = fb.out_cache_loc.int()

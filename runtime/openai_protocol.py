@@ -89,6 +89,7 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
     rid: str | list[str] | None = None
     image_data: Any = None  # per prompt: an image (data URL / base64) or a list of them
+    user: str | None = None
 
 
 class TranslationRequest(_Body):

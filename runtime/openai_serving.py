@@ -138,7 +138,7 @@ class OpenAIServing:
         obj = GenerateReqInput(
             text=None if is_ids else prompt, input_ids=prompt if is_ids else None,
             sampling_params=self.sampling(body, body.max_tokens), stream=body.stream,
-            return_logprob=logprobs, top_logprobs_num=body.logprobs or 0)
+            return_logprob=logprobs, top_logprobs_num=body.logprobs or 0, user=body.user)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             return await self._stream_completions(obj, body, rid, created, logprobs)
@@ -216,7 +216,7 @@ class OpenAIServing:
                                image_data=prompt.get("image_data") or None,
                                sampling_params=self.sampling(body, max_tokens),
                                stream=body.stream, return_logprob=body.logprobs,
-                               top_logprobs_num=body.top_logprobs or 0)
+                               top_logprobs_num=body.top_logprobs or 0, user=body.user)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             return await self._stream_chat(obj, body, rid, created)
@@ -320,7 +320,8 @@ class OpenAIServing:
         sp = {k: v for k, v in (("max_new_tokens", body.max_tokens),
                                 ("temperature", body.temperature)) if v is not None}
         sp.setdefault("temperature", 0.0)  # translation wants the most likely output
-        obj = GenerateReqInput(text=prompts, sampling_params=sp, stream=body.stream)
+        obj = GenerateReqInput(text=prompts, sampling_params=sp, stream=body.stream,
+                               user=body.user)
         rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             first, agen = await self._first(self.tm.generate(obj))

@@ -9,8 +9,20 @@ from typing import TYPE_CHECKING, Any
 from seq2serve.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from seq2serve.cross_attention.cross_kv_pool import CrossKVHandle
+    from seq2serve.encoders.encoder_cache import EncoderCacheEntry
     from seq2serve.encoders.encoder_input import ImageFeatures
+    from seq2serve.runtime.memory.radix_cache import RadixNode
+
+
+@dataclass
+class EncoderSegment:
+    """One encoder input of a request (its text, or one image); its output is one encoder
+    cache entry. Requests with several images have several segments, packed in order."""
+
+    key: str  # content hash (model + input)
+    length: int  # cross K/V tokens
+    token_ids: list[int] | None = None
+    image: ImageFeatures | None = None
 
 
 @dataclass
@@ -41,12 +53,19 @@ class Req:
     encoder_key: str | None = None  # identifies the encoder input (for the encoder cache)
     images: list[ImageFeatures] = field(default_factory=list)  # a vision encoder's input
     cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
+    user: str | None = None  # the caller's user id (cache isolation)
 
     # --- set by the scheduler: encoder part ---
-    cross_kv: CrossKVHandle | None = None  # where this request's cross K/V live
+    segments: list[EncoderSegment] = field(default_factory=list)
+    namespace: tuple = ()  # cache namespace: user (if isolated) + encoder keys
+    cross_entries: list[EncoderCacheEntry] = field(default_factory=list)  # refs held
+    encoder_cache_hit: bool = False  # no encoder pass ran for this request
     # --- set by the scheduler: decoder part ---
     req_pool_idx: int | None = None  # row in the ReqToTokenPool
     kv_pages: list[int] = field(default_factory=list)  # TokenToKVPool pages, in order
+    prefix_pages: int = 0  # leading kv_pages owned by the radix cache (locked)
+    prefix_node: RadixNode | None = None  # the locked radix node
+    cached_tokens: int = 0  # decoder tokens whose K/V came from the radix cache
     kv_len: int = 0  # decoder positions whose K/V are (being) computed; slots cover exactly these
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
@@ -76,8 +95,9 @@ class Req:
         return self.finished_reason is not None
 
     @property
-    def needs_encoder(self) -> bool:
-        return self.encoder_len > 0 and (self.cross_kv is None or not self.cross_kv.ready)
+    def cross_ready(self) -> bool:
+        """Every segment's cross K/V are written (or there are none)."""
+        return all(e.ready for e in self.cross_entries)
 
     def check_finished(self, eos_ids: tuple[int, ...], tail_text) -> None:
         """Set finished_reason after a token was appended. `tail_text(ids)` decodes ids."""

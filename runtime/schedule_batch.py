@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seq2serve.encoders.encoder_input import ImageBatch, span_at
+from seq2serve.encoders.encoder_input import span_at
 from seq2serve.runtime.forward_batch import ForwardMode, ModelWorkerBatch
 from seq2serve.runtime.memory.request_memory import RequestMemory
 from seq2serve.runtime.req import Req
@@ -26,21 +26,6 @@ class ScheduleBatch:
     @property
     def batch_size(self) -> int:
         return len(self.reqs)
-
-    @classmethod
-    def encode(cls, reqs: list[Req]) -> ScheduleBatch:
-        """Run the encoder over `reqs` (packed, no padding) and fill their cross K/V slots."""
-        assert all(r.cross_kv is not None and not r.cross_kv.ready for r in reqs)
-        images = [img for r in reqs for img in r.images]
-        wb = ModelWorkerBatch(
-            forward_mode=ForwardMode.ENCODE,
-            encoder_input_ids=None if images else torch.tensor(
-                [t for r in reqs for t in r.encoder_input_ids]),
-            encoder_images=ImageBatch.of(images) if images else None,
-            cross_out_loc=torch.cat([r.cross_kv.loc for r in reqs]),
-            encoder_lens=[r.encoder_len for r in reqs],
-        )
-        return cls(ForwardMode.ENCODE, reqs, wb)
 
     @classmethod
     def extend_or_decode(cls, mode: ForwardMode, reqs: list[Req], memory: RequestMemory,

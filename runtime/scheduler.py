@@ -13,12 +13,14 @@ import logging
 import time
 from collections import deque
 
+from seq2serve.encoders.encoder_cache import EncoderCache
 from seq2serve.encoders.encoder_stage import EncoderStage
 from seq2serve.runtime.forward_batch import ForwardMode
 from seq2serve.runtime.io_struct import TokenizedRequest, TokenOutput
+from seq2serve.runtime.memory.radix_cache import RadixCache
 from seq2serve.runtime.memory.request_memory import RequestMemory
 from seq2serve.runtime.model_config import ModelConfig
-from seq2serve.runtime.req import FinishReason, Req
+from seq2serve.runtime.req import EncoderSegment, FinishReason, Req
 from seq2serve.runtime.sampling_batch import SamplingBatch
 from seq2serve.runtime.schedule_batch import ScheduleBatch
 from seq2serve.runtime.server_args import ServerArgs
@@ -35,9 +37,16 @@ class Scheduler:
         self.worker = TpModelWorker(args, model_config)
         runner = self.worker.model_runner
         self.device = runner.device
+        self.encoder_cache = None
+        if runner.cross_kv_pool is not None:
+            self.encoder_cache = EncoderCache(runner.cross_kv_pool,
+                                              enabled=not args.disable_encoder_cache,
+                                              hidden_budget_bytes=args.encoder_hidden_cache_mb << 20)
+        self.radix = RadixCache(runner.token_to_kv_pool.allocator, args.page_size,
+                                enabled=not args.disable_radix_cache)
         self.memory = RequestMemory(runner.req_to_token_pool, runner.token_to_kv_pool,
-                                    runner.cross_kv_pool)
-        self.encoder_stage = EncoderStage(self.worker)
+                                    runner.cross_kv_pool, self.encoder_cache, self.radix)
+        self.encoder_stage = EncoderStage(self.worker, self.encoder_cache)
         eos = set(model_config.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
@@ -74,13 +83,22 @@ class Scheduler:
         why = self.memory.fits_alone(encoder_len, len(tr.decoder_input_ids) + sp.max_new_tokens)
         if why:
             raise ValueError(f"request too long: {why}")
-        self.waiting.append(Req(
+        req = Req(
             rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
             decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
             stream=tr.stream, return_logprob=tr.return_logprob,
             top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
-            images=list(tr.images), cross_spans=tr.cross_spans,
-        ))
+            images=list(tr.images), cross_spans=tr.cross_spans, user=tr.user,
+        )
+        if req.encoder_input_ids:
+            key = tr.encoder_key or "tokens:" + ",".join(map(str, req.encoder_input_ids))
+            req.segments.append(EncoderSegment(key, req.encoder_len, token_ids=req.encoder_input_ids))
+        req.segments += [EncoderSegment(img.key, img.num_tokens, image=img) for img in req.images]
+        # every cached entry lives in a namespace: the user's (when isolated), and for decoder
+        # prefixes, the encoder inputs they were computed under
+        user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
+        req.namespace = (user_ns, *(seg.key for seg in req.segments))
+        self.waiting.append(req)
 
     def abort_request(self, rid: str) -> TokenOutput | None:
         """Finish a queued or running request now and free its memory."""
@@ -111,11 +129,12 @@ class Scheduler:
 
     def step(self) -> list[TokenOutput]:
         """Run one forward (with the encoder stage before it when new inputs need it)."""
-        admitted = self._admit()
+        admitted, jobs = self._admit()
         if admitted:
-            if any(r.needs_encoder for r in admitted):
-                enc = self.encoder_stage.run(admitted)
-                self.batch_log.append((ForwardMode.ENCODE.value, enc.batch_size))
+            if jobs:
+                self.encoder_stage.run(jobs)
+                self.batch_log.append((ForwardMode.ENCODE.value, len(jobs)))
+            assert all(r.cross_ready for r in admitted)
             outputs = self._run(ForwardMode.EXTEND, admitted)
             self.running.extend(r for r in admitted if not r.finished)
             return outputs
@@ -126,9 +145,11 @@ class Scheduler:
             self.check_integrity()
         return []
 
-    def _admit(self) -> list[Req]:
-        """Take waiting requests (FCFS) while slots, pools and the prefill budget allow."""
+    def _admit(self) -> tuple[list[Req], list]:
+        """Take waiting requests (FCFS) while slots, pools and the prefill budget allow;
+        returns them and the encoder work they still need."""
         admitted: list[Req] = []
+        jobs: list = []
         budget = self.args.max_prefill_tokens
         while self.waiting:
             if len(self.running) + len(admitted) >= self.args.max_running_requests:
@@ -138,19 +159,20 @@ class Scheduler:
                 break
             # keep a page free for every running request's next decode step
             reserve = len(self.running) + len(admitted)
-            if not self.memory.admit(req, reserve_pages=reserve):
+            req_jobs = self.memory.admit(req, reserve_pages=reserve)
+            if req_jobs is None:
                 break
             self.waiting.popleft()
             admitted.append(req)
+            jobs += req_jobs
             budget -= req.seq_len
-        return admitted
+        return admitted, jobs
 
     def _make_room_for_decode(self) -> None:
         def need() -> int:
             return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
 
-        free = self.memory.token_to_kv.allocator
-        while need() > free.num_free:
+        while not self.memory.make_room(need()):
             assert len(self.running) > 1, "a lone request always fits (checked at admission)"
             # retract the request that has made the least progress: it loses the least work
             victim = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
@@ -187,7 +209,7 @@ class Scheduler:
                     req.output_top_logprobs += top
             req.check_finished(self.eos_ids, self._decode_tail)
             if req.finished:
-                self.memory.release(req)
+                self.memory.finish(req)
                 if req in self.running:
                     self.running.remove(req)
             outputs.append(self._output(req, [token], logprobs, top))
@@ -200,7 +222,8 @@ class Scheduler:
         return TokenOutput(
             rid=req.rid, new_token_ids=new_ids,
             finished_reason=req.finished_reason.to_json() if req.finished else None,
-            prompt_tokens=req.encoder_len or len(req.decoder_input_ids),
+            prompt_tokens=len(req.encoder_input_ids) or len(req.decoder_input_ids),
+            cached_tokens=req.cached_tokens, encoder_cache_hit=req.encoder_cache_hit,
             completion_tokens=len(req.output_ids),
             new_logprobs=logprobs, new_top_logprobs=top,
             stop=req.sampling_params.stop,
@@ -213,6 +236,7 @@ class Scheduler:
             "running_requests": len(self.running),
             "waiting_requests": len(self.waiting),
             "encoder_forwards": self.encoder_stage.num_forwards,
+            "encoder_projections": self.encoder_stage.num_projected_inputs,
             "forwards": len(self.batch_log),
             "max_batch_size": max((n for m, n in self.batch_log if m == "decode"), default=0),
             "retractions": self.num_retractions,
@@ -220,7 +244,10 @@ class Scheduler:
         }
 
     def flush_cache(self) -> bool:
-        """Drop every cached entry that no live request holds (nothing to drop yet)."""
+        """Drop every cached decoder prefix and encoder output that no live request holds."""
+        self.radix.flush()
+        if self.encoder_cache is not None:
+            self.encoder_cache.flush()
         return True
 
     # --- integrity ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ ATTENTION_BACKENDS = ("torch_native", "triton")
 class ServerArgs:
     model_path: str | None = None  # None: the demo checkpoint (created once in a cache dir)
     tokenizer_path: str | None = None  # None: the model directory
+    load_format: str = "safetensors"  # "dummy": random weights of the config's shapes
     device: str | None = None  # None: "cuda" when present, else "cpu"
     dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on the CPU
     attention_backend: str | None = None  # None: "triton" on CUDA, "torch_native" elsewhere
@@ -27,6 +28,11 @@ class ServerArgs:
     max_encoder_len: int | None = None  # longest encoder input (None: the model's, else 2048)
     random_seed: int = 0
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
+    # caches
+    disable_radix_cache: bool = False  # decoder prefix reuse
+    disable_encoder_cache: bool = False  # encoder output (cross K/V) reuse
+    cache_isolation: str = "none"  # "user": cached entries never cross users
+    encoder_hidden_cache_mb: int = 256  # warm tier: encoder hidden states kept after eviction
     log_level: str = "warning"
     # images (vision models)
     max_images_per_request: int = 4
@@ -61,6 +67,11 @@ class ServerArgs:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
+        if self.cache_isolation not in ("none", "user"):
+            raise ValueError(f"cache_isolation must be 'none' or 'user', "
+                             f"got {self.cache_isolation!r}")
+        if not isinstance(self.encoder_hidden_cache_mb, int) or self.encoder_hidden_cache_mb < 0:
+            raise ValueError("encoder_hidden_cache_mb must be a non-negative integer")
         if self.cross_kv_fraction is not None and not 0.0 < self.cross_kv_fraction < 1.0:
             raise ValueError(f"cross_kv_fraction must be in (0, 1), got {self.cross_kv_fraction!r}")
 

@@ -104,7 +104,7 @@ class TokenizerManager:
                     encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
                     stream=obj.stream, return_logprob=obj.return_logprob,
                     top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
-                    images=images, cross_spans=spans,
+                    images=images, cross_spans=spans, user=obj.user,
                 ))
         rids = [r.rid for r in reqs]
         if len(set(rids)) != len(rids) or any(r in self.states for r in rids):

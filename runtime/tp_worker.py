@@ -23,8 +23,9 @@ class TpModelWorker:
     def __init__(self, args: ServerArgs, model_config: ModelConfig) -> None:
         self.model_runner = ModelRunner(args, model_config)
 
-    def forward_encode(self, wb: ModelWorkerBatch) -> None:
-        self.model_runner.forward(wb)
+    def forward_encode(self, wb: ModelWorkerBatch):
+        """Write cross K/V; returns the encoder's new hidden states (packed), if it ran."""
+        return self.model_runner.forward(wb).encoder_hidden
 
     def forward_generation(self, wb: ModelWorkerBatch) -> GenerationResult:
         out = self.model_runner.forward(wb)

@@ -174,3 +174,19 @@ def test_openai_client_sends_an_image_data_url(mllama_dir, engine, images, tmp_p
         assert httpx.get(srv.url + "/debug/integrity").json()["ok"]
     finally:
         assert srv.terminate() == 0
+
+
+def test_repeated_images_hit_the_encoder_cache(engine, images):
+    engine.flush_cache()
+    before = engine.stats()["encoder_forwards"]
+    a = engine.generate(prompt="<|image|>Describe", image_data=[images[0]], sampling_params=GREEDY)
+    b = engine.generate(prompt="<|image|>Describe", image_data=[images[0]], sampling_params=GREEDY)
+    # a new image next to a cached one: one encoder pass, for the new image only
+    c = engine.generate(prompt="<|image|><|image|>Both", image_data=[images[0], images[2]],
+                        sampling_params=GREEDY)
+    stats = engine.stats()
+    assert not a["meta_info"]["encoder_cache_hit"] and b["meta_info"]["encoder_cache_hit"]
+    assert not c["meta_info"]["encoder_cache_hit"]
+    assert b["output_ids"] == a["output_ids"]
+    assert stats["encoder_forwards"] == before + 2
+    assert b["meta_info"]["cached_tokens"] == 0  # prompt shorter than a KV page

@@ -43,7 +43,7 @@ def test_requests_join_a_running_batch(t5_dir, sources):
 
 
 def test_finished_requests_leave_and_free_memory(t5_dir, sources):
-    sched = make_scheduler(t5_dir)
+    sched = make_scheduler(t5_dir, disable_encoder_cache=True, disable_radix_cache=True)
     sched.add_request(request("short", sources[0], max_new_tokens=2, ignore_eos=True))
     sched.add_request(request("long", sources[1], max_new_tokens=10, ignore_eos=True))
     used = []
@@ -57,6 +57,20 @@ def test_finished_requests_leave_and_free_memory(t5_dir, sources):
     assert sched.memory.usage()["cross_used_tokens"] == 0
 
 
+def test_finished_requests_stay_cached_until_flushed(t5_dir, sources):
+    sched = make_scheduler(t5_dir, page_size=4)
+    sched.add_request(request("a", sources[0], max_new_tokens=9, ignore_eos=True))
+    run_to_completion(sched)
+    usage = sched.memory.usage()
+    assert usage["cross_used_tokens"] > 0  # its encoder output, for the next request
+    assert usage["kv_used_tokens"] == 8  # its two whole pages of decoder K/V
+    sched.check_integrity()
+    sched.flush_cache()
+    assert sched.memory.usage()["cross_used_tokens"] == 0
+    assert sched.memory.usage()["kv_used_tokens"] == 0
+    sched.check_integrity()
+
+
 def test_kv_pool_overflow_retracts_and_resumes(t5_dir, sources):
     # 8 requests of up to 21 decoder tokens each need far more than 48 pool tokens
     sched = make_scheduler(t5_dir, max_total_tokens=48, page_size=4)
@@ -68,6 +82,7 @@ def test_kv_pool_overflow_retracts_and_resumes(t5_dir, sources):
     for i, ids in enumerate(sources):
         assert out[str(i)] == hf_greedy(t5_dir, ids, 20), f"request {i}"
     sched.check_integrity()
+    sched.flush_cache()
     assert sched.memory.usage()["kv_used_tokens"] == 0
 
 

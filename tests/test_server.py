@@ -271,3 +271,20 @@ def test_dead_detokenizer_makes_the_server_exit_nonzero(t5_dir):
         assert "detokenizer process" in srv.output() and "died" in srv.output()
     finally:
         srv.kill()
+
+
+def test_cache_reporting_and_flush(server):
+    body = {"text": SOURCES[6], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    first = httpx.post(server.url + "/generate", json=body).json()
+    again = httpx.post(server.url + "/generate", json=body).json()
+    assert again["meta_info"]["encoder_cache_hit"] and again["output_ids"] == first["output_ids"]
+    metrics = httpx.get(server.url + "/metrics").text
+    rate = [line for line in metrics.splitlines()
+            if line.startswith("seq2serve_encoder_cache_hit_rate ")]
+    assert rate and float(rate[0].split()[1]) > 0
+    assert "seq2serve_prefix_cache_tokens" in metrics
+    assert httpx.post(server.url + "/flush_cache").json() == {"flushed": True}
+    stats = httpx.get(server.url + "/debug/stats").json()
+    assert stats["encoder_cache_entries"] == 0 and stats["radix_cache_tokens"] == 0
+    after = httpx.post(server.url + "/generate", json=body).json()
+    assert not after["meta_info"]["encoder_cache_hit"]

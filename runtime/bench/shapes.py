@@ -1,0 +1,67 @@
+"""Model directories of real shapes (config, tokenizer, image processor: no weights) for
+benchmarks, served with load_format="dummy" (random weights)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from seq2serve.runtime.demo_checkpoint import (LLAMA3_TOKENIZER, MLLAMA_CHAT_TEMPLATE,
+                                               T5_TOKENIZER)
+
+_T5 = dict(architectures=["MT5ForConditionalGeneration"], model_type="mt5",
+           feed_forward_proj="gated-gelu", d_kv=64, relative_attention_num_buckets=32,
+           relative_attention_max_distance=128, layer_norm_epsilon=1e-6,
+           tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+
+SHAPES: dict[str, dict] = {
+    "mt5-base": {**_T5, "vocab_size": 250112, "d_model": 768, "d_ff": 2048, "num_heads": 12,
+                 "num_layers": 12, "num_decoder_layers": 12},
+    "mt5-large": {**_T5, "vocab_size": 250112, "d_model": 1024, "d_ff": 2816, "num_heads": 16,
+                  "num_layers": 24, "num_decoder_layers": 24},
+    "flan-t5-xl": {**_T5, "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+                   "vocab_size": 32128, "d_model": 2048, "d_ff": 5120, "num_heads": 32,
+                   "num_layers": 24, "num_decoder_layers": 24},
+    "mllama-11b": {
+        "architectures": ["MllamaForConditionalGeneration"], "model_type": "mllama",
+        "image_token_index": 128256,
+        "text_config": {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                        "num_hidden_layers": 40, "num_attention_heads": 32,
+                        "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+                        "max_position_embeddings": 131072,
+                        "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38],
+                        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
+                                            "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192},
+                        "eos_token_id": 128009, "bos_token_id": 128000},
+        "vision_config": {"hidden_size": 1280, "intermediate_size": 5120,
+                          "num_hidden_layers": 32, "num_global_layers": 8,
+                          "attention_heads": 16, "image_size": 560, "patch_size": 14,
+                          "max_num_tiles": 4, "vision_output_dim": 7680,
+                          "intermediate_layers_indices": [3, 7, 15, 23, 30]},
+    },
+}
+
+
+def write_shape(name: str, out: str | Path) -> Path:
+    """A model directory of the named shape, to serve with load_format="dummy"."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; choose from {sorted(SHAPES)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(SHAPES[name], indent=2))
+    if name.startswith("mllama"):
+        from transformers import MllamaImageProcessorPil, PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(str(LLAMA3_TOKENIZER))
+        tok.add_tokens(["<|image|>"], special_tokens=True)
+        tok.chat_template = MLLAMA_CHAT_TEMPLATE
+        tok.save_pretrained(str(out))
+        MllamaImageProcessorPil(size={"height": 560, "width": 560},
+                                max_image_tiles=4).save_pretrained(str(out))
+    else:
+        for f in T5_TOKENIZER.iterdir():
+            shutil.copy(f, out / f.name)
+    return out
