@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     g.set_defaults(fn=_cmd_generate)
 
+    b = sub.add_parser("bench", help="benchmarks (with --baseline hf: against HF generate)")
+    from seq2serve.runtime.bench.cli_bench import add_bench_parser
+
+    add_bench_parser(b.add_subparsers(dest="bench", required=True))
+
     d = sub.add_parser("demo-checkpoint", help="write a tiny random-weight checkpoint")
     d.add_argument("--family", default="t5", choices=["t5"])
     d.add_argument("--out", required=True)
@@ -107,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=_cmd_demo_checkpoint)
 
     ns = parser.parse_args(argv)
+    if ns.command == "bench":
+        from seq2serve.runtime.bench.cli_bench import run
+
+        logging.basicConfig(level=logging.WARNING)
+        return run(ns)
     logging.basicConfig(level=getattr(logging, getattr(ns, "log_level", "warning").upper()),
                         format="%(asctime)s %(name)s: %(message)s")
     try:

@@ -148,7 +148,7 @@ def write_mllama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "flo
     import torch
     from safetensors.torch import save_file
     from transformers import (MllamaConfig, MllamaForConditionalGeneration,
-                              MllamaImageProcessorPil, PreTrainedTokenizerFast)
+                              MllamaImageProcessor, PreTrainedTokenizerFast)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -175,7 +175,7 @@ def write_mllama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "flo
     tok.chat_template = MLLAMA_CHAT_TEMPLATE
     tok.save_pretrained(str(out))
     size = vcfg["image_size"]
-    MllamaImageProcessorPil(size={"height": size, "width": size},
+    MllamaImageProcessor(size={"height": size, "width": size},
                             max_image_tiles=vcfg["max_num_tiles"]).save_pretrained(str(out))
     return out
 

@@ -90,8 +90,9 @@ def hf_logits(path: str, encoder_ids: list[int], decoder_ids: list[int]) -> torc
 
 
 def make_scheduler(path: str, **kwargs) -> Scheduler:
-    args = ServerArgs(model_path=path, device="cpu", dtype="float32",
-                      **{"max_total_tokens": 4096, "max_cross_tokens": 4096, **kwargs})
+    args = ServerArgs(model_path=path, **{"device": "cpu", "dtype": "float32",
+                                          "max_total_tokens": 4096, "max_cross_tokens": 4096,
+                                          **kwargs})
     return Scheduler(args, ModelConfig.from_path(path), load_tokenizer(path))
 
 

@@ -53,13 +53,13 @@ def write_shape(name: str, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(SHAPES[name], indent=2))
     if name.startswith("mllama"):
-        from transformers import MllamaImageProcessorPil, PreTrainedTokenizerFast
+        from transformers import MllamaImageProcessor, PreTrainedTokenizerFast
 
         tok = PreTrainedTokenizerFast.from_pretrained(str(LLAMA3_TOKENIZER))
         tok.add_tokens(["<|image|>"], special_tokens=True)
         tok.chat_template = MLLAMA_CHAT_TEMPLATE
         tok.save_pretrained(str(out))
-        MllamaImageProcessorPil(size={"height": 560, "width": 560},
+        MllamaImageProcessor(size={"height": 560, "width": 560},
                                 max_image_tiles=4).save_pretrained(str(out))
     else:
         for f in T5_TOKENIZER.iterdir():

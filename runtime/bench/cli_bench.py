@@ -1,0 +1,170 @@
+"""`seq2serve bench offline | one-batch`: seq2serve and (with --baseline hf) Hugging Face
+`generate` on the same model shape and workload, in one run, with the ratios."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+
+import tempfile
+
+from seq2serve.runtime.bench.workload import Workload, make_requests
+
+
+def add_bench_parser(sub) -> None:
+    for name, fn, doc in (("offline", _offline, "throughput of many requests"),
+                          ("one-batch", _one_batch, "latency of one batch")):
+        p = sub.add_parser(name, help=doc)
+        p.add_argument("--shape", help="a real model shape with random weights (mt5-large, ...)")
+        p.add_argument("--model-path", help="or a model directory (real weights)")
+        p.add_argument("--num-requests", type=int, default=1024)
+        p.add_argument("--input-len", type=int, default=128)
+        p.add_argument("--output-len", type=int, default=128)
+        p.add_argument("--image-size", type=int, default=1120, help="Mllama: 1120 = 4 tiles")
+        p.add_argument("--batch-sizes", default="128",
+                       help="comma-separated: concurrency (offline) or batch size (one-batch)")
+        p.add_argument("--baseline", choices=["none", "hf"], default="none")
+        p.add_argument("--hf-modes", default="default,static")
+        p.add_argument("--hf-max-batches", type=int, default=2)
+        p.add_argument("--dtype", default="bfloat16")
+        p.add_argument("--device", default=None)
+        p.add_argument("--engine-args", default="{}", help="JSON of extra engine options")
+        p.add_argument("--json", help="write all results here")
+        p.set_defaults(fn=fn)
+
+
+def _model(args) -> tuple[str, dict]:
+    if args.shape:
+        from seq2serve.runtime.bench.shapes import write_shape
+
+        return str(write_shape(args.shape, tempfile.mkdtemp())), {"load_format": "dummy"}
+    if not args.model_path:
+        raise ValueError("give --shape or --model-path")
+    return args.model_path, {}
+
+
+def _requests(model_dir: str, args, n: int):
+    from seq2serve.runtime.model_config import ModelConfig
+
+    mc = ModelConfig.from_path(model_dir)
+    image_token = getattr(mc.arch, "image_token_id", None)
+    wl = Workload(n, args.input_len, args.output_len,
+                  image_size=args.image_size if image_token is not None else 0)
+    return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token)
+
+
+def _engine(model_dir: str, load: dict, args, concurrency: int):
+    from seq2serve import Seq2SeqEngine
+
+    extra = json.loads(args.engine_args)
+    return Seq2SeqEngine(model_path=model_dir, dtype=args.dtype, device=args.device,
+                         max_running_requests=concurrency,
+                         context_length=args.input_len + args.output_len + 8,
+                         **load, **extra)
+
+
+def _hardware(mc, dtype_bytes: int) -> dict:
+    import torch
+
+    from seq2serve.runtime.bench.hardware import copy_bandwidth, decoder_step_bytes
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"device_name": torch.cuda.get_device_name(), "copy_bandwidth_gbs":
+            copy_bandwidth() / 1e9, "decoder_step_weight_bytes":
+            decoder_step_bytes(mc.arch, dtype_bytes)}
+
+
+def _offline(args) -> dict:
+    from seq2serve.runtime.bench.engine_bench import bench_engine
+
+    model_dir, load = _model(args)
+    mc, reqs = _requests(model_dir, args, args.num_requests)
+    results = {"workload": vars(args) | {"fn": None}, "hardware": _hardware(mc, 2),
+               "seq2serve": [], "hf": []}
+    for c in [int(x) for x in args.batch_sizes.split(",")]:
+        with _engine(model_dir, load, args, c) as engine:
+            r = bench_engine(engine, reqs, args.output_len)
+        r["concurrency"] = c
+        results["seq2serve"].append(r)
+        print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s", flush=True)
+    if args.baseline == "hf":
+        results["hf"] = _hf(model_dir, reqs, args, max(int(x) for x in
+                                                       args.batch_sizes.split(",")))
+    return _report(results)
+
+
+def _one_batch(args) -> dict:
+    from seq2serve.runtime.bench.engine_bench import bench_one_batch
+
+    model_dir, load = _model(args)
+    results = {"workload": vars(args) | {"fn": None}, "seq2serve": [], "hf": []}
+    mc = None
+    for b in [int(x) for x in args.batch_sizes.split(",")]:
+        mc, reqs = _requests(model_dir, args, b)
+        with _engine(model_dir, load, args, b) as engine:
+            r = bench_one_batch(engine, reqs, args.output_len)
+        results["seq2serve"].append(r)
+        print(f"seq2serve  batch {b:4d}: {r['ms_per_token']:.3f} ms/token, "
+              f"TTFT {r['ttft_ms']:.1f} ms", flush=True)
+    results["hardware"] = _hardware(mc, 2)
+    hw = results["hardware"]
+    if hw:
+        floor_ms = hw["decoder_step_weight_bytes"] / (hw["copy_bandwidth_gbs"] * 1e9) * 1e3
+        hw["floor_ms_per_token"] = floor_ms
+        for r in results["seq2serve"]:
+            r["floor_ratio"] = r["ms_per_token"] / floor_ms
+            r["bandwidth_share"] = floor_ms / r["ms_per_token"]
+    if args.baseline == "hf":
+        b = int(args.batch_sizes.split(",")[0])
+        _, reqs = _requests(model_dir, args, 2 * b)
+        results["hf"] = _hf(model_dir, reqs, args, b)
+    return _report(results)
+
+
+def _hf(model_dir: str, reqs, args, batch_size: int) -> list[dict]:
+    import torch
+
+    from seq2serve.runtime.bench.hf_baseline import bench_hf, load_hf_model
+
+    out = []
+    for mode in args.hf_modes.split(","):
+        model = load_hf_model(model_dir, getattr(torch, args.dtype))
+        try:
+            r = bench_hf(model, model_dir, reqs, batch_size, args.output_len, mode,
+                         args.hf_max_batches)
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported
+            r = {"mode": mode, "batch_size": batch_size, "error": f"{type(e).__name__}: {e}"}
+        out.append(r)
+        print(f"HF {mode:8s} batch {batch_size:4d}: "
+              f"{r.get('tokens_per_s', float('nan')):10.0f} tok/s  {r.get('error', '')}",
+              flush=True)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    return out
+
+
+def _report(results: dict) -> dict:
+    ours = max((r["tokens_per_s"] for r in results["seq2serve"] if "tokens_per_s" in r),
+               default=None)
+    for h in results.get("hf", []):
+        if "tokens_per_s" in h and ours:
+            h["seq2serve_ratio"] = ours / h["tokens_per_s"]
+            print(f"ratio seq2serve / HF {h['mode']}: {h['seq2serve_ratio']:.2f}x")
+    hw = results.get("hardware", {})
+    if hw:
+        print(f"device {hw['device_name']}, copy bandwidth {hw['copy_bandwidth_gbs']:.0f} GB/s")
+    return results
+
+
+def run(args) -> int:
+    results = args.fn(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+

@@ -1,0 +1,43 @@
+"""seq2serve's side of the benchmarks: the engine on a model directory and a workload."""
+
+from __future__ import annotations
+
+import time
+
+from seq2serve.runtime.bench.workload import BenchRequest
+
+
+def bench_engine(engine, reqs: list[BenchRequest], output_len: int) -> dict:
+    """Submit every request at once (the scheduler batches them); output tokens/s."""
+    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    images = [[r.image] for r in reqs] if reqs[0].image is not None else None
+    warm = min(len(reqs), 4)  # compile / allocate outside the timing, other inputs
+    engine.generate(input_ids=[r.input_ids[:8] + [1] for r in reqs[:warm]]
+                    if images is None else [r.input_ids for r in reqs[:warm]],
+                    image_data=images[:warm] if images else None,
+                    sampling_params={**sp, "max_new_tokens": 4})
+    engine.flush_cache()
+    start = time.perf_counter()
+    outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
+                           sampling_params=sp)
+    elapsed = time.perf_counter() - start
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    ttfts = sorted(o["meta_info"].get("ttft", 0.0) for o in outs)
+    return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+            "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
+            ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
+
+
+def bench_one_batch(engine, reqs: list[BenchRequest], output_len: int) -> dict:
+    """Latency of one batch: time to first token and per-token decode time."""
+    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    images = [[r.image] for r in reqs] if reqs[0].image is not None else None
+    engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
+                    sampling_params=sp)  # warm-up
+    engine.flush_cache()
+    outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
+                           sampling_params=sp)
+    per_token = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"]) / (output_len - 1)
+                 for o in outs]
+    return {"batch_size": len(reqs), "ttft_ms": max(o["meta_info"]["ttft"] for o in outs) * 1e3,
+            "ms_per_token": max(per_token) * 1e3}

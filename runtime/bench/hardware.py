@@ -1,0 +1,51 @@
+"""What the hardware can do: measured copy bandwidth, and the bytes a decode step must move."""
+
+from __future__ import annotations
+
+import torch
+
+
+def copy_bandwidth(device: str = "cuda", gib: float = 1.0, repeats: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (the bandwidth ceiling)."""
+    n = int(gib * (1 << 30)) // 2
+    src = torch.randn(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    del src, dst
+    return 2 * n * 2 / times[len(times) // 2]
+
+
+def decoder_step_bytes(arch, dtype_bytes: int = 2) -> int:
+    """Weights a decode step reads once: the decoder stack and the LM head (embedding rows
+    and the encoder are not read per step). For T5, cross K/V projections run once per input,
+    so only q and o of the cross layers count."""
+    if hasattr(arch, "d_model"):  # T5
+        d, inner, ff = arch.d_model, arch.num_heads * arch.d_kv, arch.d_ff
+        per_layer = 4 * d * inner + 2 * d * inner + (3 if arch.is_gated else 2) * d * ff
+        return (arch.num_decoder_layers * per_layer + arch.vocab_size * d) * dtype_bytes
+    t = getattr(arch, "text", arch)  # Llama / Mllama's text model
+    d, h, kvh, hd, ff = (t.hidden_size, t.num_attention_heads, t.num_key_value_heads,
+                         t.head_dim, t.intermediate_size)
+    attn = d * (h + 2 * kvh) * hd + h * hd * d
+    cross = 2 * d * h * hd  # q and o; k/v projections run once per image
+    mlp = 3 * d * ff
+    n_cross = len(getattr(arch, "cross_attention_layers", ()))
+    n_self = t.num_hidden_layers - n_cross
+    return (n_self * (attn + mlp) + n_cross * (cross + mlp) + t.vocab_size * d) * dtype_bytes
+
+
+def kv_bytes_per_token(arch, dtype_bytes: int = 2) -> tuple[int, int]:
+    """(decoder self-attention, cross-attention) K/V bytes per token, all layers."""
+    self_b = 2 * arch.num_self_attn_layers * arch.num_kv_heads * arch.head_dim * dtype_bytes
+    cross_b = 2 * arch.num_cross_attn_layers * arch.num_kv_heads * arch.head_dim * dtype_bytes
+    return self_b, cross_b

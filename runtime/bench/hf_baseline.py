@@ -1,0 +1,78 @@
+"""Hugging Face transformers `generate` on the same model shape and workload: the baseline
+every benchmark compares with in the same run ("default": dynamic cache; "static": static
+cache with the forward compiled, HF's fastest documented configuration)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from seq2serve.runtime.bench.workload import BenchRequest
+
+
+def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
+    """A randomly initialised HF model of the directory's config, built on the device."""
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
+                              MllamaForConditionalGeneration)
+
+    config = AutoConfig.from_pretrained(model_dir)
+    kind = config.model_type
+    cls = (MllamaForConditionalGeneration if kind == "mllama" else
+           AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls._from_config(config, dtype=dtype)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
+    ids = torch.tensor([r.input_ids for r in reqs], device=device)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if reqs[0].image is not None:
+        from transformers import AutoImageProcessor
+        from transformers.models.mllama.processing_mllama import (
+            convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+
+        proc = AutoImageProcessor.from_pretrained(model_dir)
+        pix = proc(images=[[r.image] for r in reqs], return_tensors="pt")
+        num_tiles = pix.pop("num_tiles")
+        masks = [get_cross_attention_token_mask(r.input_ids, 128256) for r in reqs]
+        mask = convert_sparse_cross_attention_mask_to_dense(masks, num_tiles,
+                                                            proc.max_image_tiles, ids.shape[1])
+        inputs.update({k: v.to(device) for k, v in pix.items()},
+                      cross_attention_mask=torch.tensor(mask, device=device))
+    return inputs
+
+
+def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
+             output_len: int, mode: str, max_batches: int | None = None) -> dict:
+    """Output tokens/s of `generate` over `reqs` in batches (timing `max_batches` batches and
+    the image preprocessing, if any, and extrapolating to all of them)."""
+    device = next(model.parameters()).device
+    if mode == "static":
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    gen = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
+               num_beams=1)
+    batches = [reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size)]
+    batches = [b for b in batches if len(b) == batch_size] or batches
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(**hf_inputs(model_dir, batches[0], device), **gen)  # warm-up / compile
+        torch.cuda.synchronize()
+        warmup = time.perf_counter() - t0
+        timed = batches[1: 1 + (max_batches or len(batches))] or batches[:1]
+        start = time.perf_counter()
+        for b in timed:
+            model.generate(**hf_inputs(model_dir, b, device), **gen)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    tokens = sum(len(b) for b in timed) * output_len
+    return {"mode": mode, "batch_size": batch_size, "tokens_per_s": tokens / elapsed,
+            "ms_per_step": elapsed / len(timed) / output_len * 1e3,
+            "timed_batches": len(timed), "warmup_s": warmup}

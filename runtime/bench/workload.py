@@ -1,0 +1,49 @@
+"""Synthetic workloads for benchmarks: random token ids (and random images), distinct per
+request so that no cache can serve one request from another's work."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    num_requests: int
+    input_len: int  # encoder tokens (T5) or prompt tokens (decoder-only, Mllama)
+    output_len: int
+    image_size: int = 0  # Mllama: a square image of this many pixels a side (1120: 4 tiles)
+    seed: int = 0
+
+
+@dataclass
+class BenchRequest:
+    input_ids: list[int]
+    image: object | None = None  # PIL image
+
+
+def make_requests(wl: Workload, vocab_size: int, is_encoder_decoder: bool,
+                  image_token_id: int | None = None, bos: int = 128000) -> list[BenchRequest]:
+    rng = random.Random(wl.seed)
+    reqs = []
+    for i in range(wl.num_requests):
+        if is_encoder_decoder:  # a source ending with T5's EOS
+            ids = [rng.randrange(3, min(vocab_size, 32000)) for _ in range(wl.input_len - 1)]
+            reqs.append(BenchRequest(ids + [1]))
+        elif image_token_id is not None:
+            ids = [rng.randrange(1000, 100000) for _ in range(wl.input_len - 2)]
+            reqs.append(BenchRequest([image_token_id, bos] + ids, image=random_image(
+                wl.seed * 100003 + i, wl.image_size)))
+        else:
+            reqs.append(BenchRequest([bos] + [rng.randrange(1000, 100000)
+                                              for _ in range(wl.input_len - 1)]))
+    return reqs
+
+
+def random_image(seed: int, size: int):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((size, size, 3)) * 255).astype("uint8"))
