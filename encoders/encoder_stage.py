@@ -16,14 +16,28 @@ from seq2serve.runtime.memory.request_memory import EncoderJob
 
 
 class EncoderStage:
-    def __init__(self, worker, cache: EncoderCache) -> None:
+    def __init__(self, worker, cache: EncoderCache, max_batch_tokens: int) -> None:
         self.worker = worker
         self.cache = cache
+        self.max_batch_tokens = max_batch_tokens  # bounds the activations of one pass
         self.num_forwards = 0  # encoder passes run (tests count them)
         self.num_encoded_inputs = 0
         self.num_projected_inputs = 0  # warm hits: K/V projected from cached hidden states
 
     def run(self, jobs: list[EncoderJob]) -> None:
+        """Fill every job's cross K/V, in passes of at most max_batch_tokens inputs' tokens."""
+        chunk: list[EncoderJob] = []
+        size = 0
+        for j in jobs:
+            if chunk and size + j.segment.length > self.max_batch_tokens:
+                self._run(chunk)
+                chunk, size = [], 0
+            chunk.append(j)
+            size += j.segment.length
+        if chunk:
+            self._run(chunk)
+
+    def _run(self, jobs: list[EncoderJob]) -> None:
         encode = [j for j in jobs if j.work is EncodeWork.ENCODE]
         project = [j for j in jobs if j.work is EncodeWork.PROJECT]
         images = [j.segment.image for j in encode if j.segment.image is not None]

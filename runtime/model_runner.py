@@ -55,6 +55,16 @@ class ModelRunner:
         self.attn_backend = create_backend(self.backend_name, device=self.device)
         self.sampler = Sampler()
         self.keep_logits = False  # tests turn this on to compare logits with an oracle
+        arch = model_config.arch
+        # vision models restrict each token's cross keys (image groups): graphs take ranges
+        self.uses_cross_ranges = getattr(arch, "image_token_id", None) is not None
+        self.graph_runner = None
+        if (self.device.startswith("cuda") and self.backend_name == "triton"
+                and not args.disable_cuda_graph):
+            from seq2serve.runtime.cuda_graph_runner import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(
+                self, min(args.cuda_graph_max_bs, args.max_running_requests))
 
     def _init_pools(self) -> None:
         a, arch = self.args, self.model_config.arch
@@ -99,6 +109,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, wb: ModelWorkerBatch) -> ForwardOutput:
+        if self.graph_runner is not None and self.graph_runner.can_run(wb):
+            logits, greedy = self.graph_runner.replay(wb)
+            return self._sample(logits, greedy, wb)
         fb = ForwardBatch.from_worker_batch(wb, self.device, self.pools, self.attn_backend)
         if fb.forward_mode is ForwardMode.ENCODE:
             self.attn_backend.init_forward_metadata(fb)
@@ -115,5 +128,13 @@ class ModelRunner:
         hidden = self.model(fb.input_ids, fb.positions, fb)
         last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
         logits = self.model.compute_logits(hidden[last])
-        sample = self.sampler(logits, wb.sampling)
+        return self._sample(logits, None, wb)
+
+    def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None,
+                wb: ModelWorkerBatch) -> ForwardOutput:
+        """wb.sampling None means plain greedy for every request: the argmax is the answer."""
+        if wb.sampling is None:
+            sample = SampleOutput(greedy if greedy is not None else logits.argmax(dim=-1))
+        else:
+            sample = self.sampler(logits, wb.sampling)
         return ForwardOutput(sample=sample, logits=logits.float() if self.keep_logits else None)

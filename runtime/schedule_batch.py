@@ -29,7 +29,7 @@ class ScheduleBatch:
 
     @classmethod
     def extend_or_decode(cls, mode: ForwardMode, reqs: list[Req], memory: RequestMemory,
-                         sampling: SamplingBatch) -> ScheduleBatch:
+                         sampling: SamplingBatch | None) -> ScheduleBatch:
         """Compute every decoder token of `reqs` not yet in the KV pool (one per request when
         decoding). The caller has made sure the pool has room (admission / retraction)."""
         ids, positions, locs, extend_lens, new = [], [], [], [], []
@@ -61,6 +61,41 @@ class ScheduleBatch:
             cross_kv_end=kv_end,
         )
         return cls(mode, reqs, wb)
+
+
+def decode_batch(reqs: list[Req], memory: RequestMemory,
+                 sampling: SamplingBatch | None) -> ScheduleBatch:
+    """One new token for every request: the per-step fast path (plain lists, one slot each).
+    The caller has made sure the pool has a page for every request that needs one."""
+    ids, positions, locs = [], [], []
+    ranged = any(r.cross_spans is not None for r in reqs)
+    starts, ends = [], []
+    for r in reqs:
+        pos = r.kv_len
+        loc = memory.alloc_one(r)
+        assert loc is not None, "scheduler decoded a request the KV pool cannot hold"
+        ids.append(r.output_ids[-1] if r.output_ids else r.decoder_input_ids[-1])
+        positions.append(pos)
+        locs.append(loc)
+        if ranged:
+            s, e = span_at(r.cross_spans, pos) if r.cross_spans is not None else (
+                0, r.encoder_len)
+            starts.append(s)
+            ends.append(e)
+    wb = ModelWorkerBatch(
+        forward_mode=ForwardMode.DECODE,
+        input_ids=torch.tensor(ids, dtype=torch.int64),
+        positions=torch.tensor(positions, dtype=torch.int64),
+        out_cache_loc=torch.tensor(locs, dtype=torch.int64),
+        req_pool_indices=[r.req_pool_idx for r in reqs],
+        seq_lens=[r.kv_len for r in reqs],
+        extend_lens=[1] * len(reqs),
+        encoder_lens=[r.encoder_len for r in reqs],
+        sampling=sampling,
+        cross_kv_start=torch.tensor(starts, dtype=torch.int32) if ranged else None,
+        cross_kv_end=torch.tensor(ends, dtype=torch.int32) if ranged else None,
+    )
+    return ScheduleBatch(ForwardMode.DECODE, reqs, wb)
 
 
 def _cross_ranges(reqs: list[Req], spans_of: list[tuple[int, int]]) -> tuple[torch.Tensor,

@@ -22,11 +22,17 @@ from seq2serve.runtime.memory.request_memory import RequestMemory
 from seq2serve.runtime.model_config import ModelConfig
 from seq2serve.runtime.req import EncoderSegment, FinishReason, Req
 from seq2serve.runtime.sampling_batch import SamplingBatch
-from seq2serve.runtime.schedule_batch import ScheduleBatch
+from seq2serve.runtime.schedule_batch import ScheduleBatch, decode_batch
 from seq2serve.runtime.server_args import ServerArgs
 from seq2serve.runtime.tp_worker import GenerationResult, TpModelWorker
 
 logger = logging.getLogger(__name__)
+
+
+def _plain_greedy(r: Req) -> bool:
+    sp = r.sampling_params
+    return (sp.is_greedy and not sp.has_penalties and not r.return_logprob
+            and len(r.output_ids) >= sp.min_new_tokens)
 
 
 class Scheduler:
@@ -46,7 +52,8 @@ class Scheduler:
                                 enabled=not args.disable_radix_cache)
         self.memory = RequestMemory(runner.req_to_token_pool, runner.token_to_kv_pool,
                                     runner.cross_kv_pool, self.encoder_cache, self.radix)
-        self.encoder_stage = EncoderStage(self.worker, self.encoder_cache)
+        self.encoder_stage = EncoderStage(self.worker, self.encoder_cache,
+                                          args.max_encoder_batch_tokens)
         eos = set(model_config.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
@@ -184,9 +191,14 @@ class Scheduler:
             logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
     def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
-        sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
-                                           self.device)
-        batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
+        sampling = None  # plain greedy for all: the argmax, nothing to build
+        if not all(_plain_greedy(r) for r in reqs):
+            sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
+                                               self.device)
+        if mode is ForwardMode.DECODE:
+            batch = decode_batch(reqs, self.memory, sampling)
+        else:
+            batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
         self.batch_log.append((mode.value, batch.batch_size))
         result = self.worker.forward_generation(batch.worker_batch)
         self.last_result = result

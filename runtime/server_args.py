@@ -24,10 +24,13 @@ class ServerArgs:
     max_cross_tokens: int | None = None  # cross K/V pool size in tokens (None: from the budget)
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384  # decoder tokens admitted by one extend batch
+    max_encoder_batch_tokens: int = 16384  # encoder inputs' tokens per encoder pass
     context_length: int | None = None  # longest decoder sequence (None: the model's, else 2048)
     max_encoder_len: int | None = None  # longest encoder input (None: the model's, else 2048)
     random_seed: int = 0
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
+    disable_cuda_graph: bool = False  # decode steps replay captured CUDA graphs on GPU
+    cuda_graph_max_bs: int = 256  # largest decode batch captured
     # caches
     disable_radix_cache: bool = False  # decoder prefix reuse
     disable_encoder_cache: bool = False  # encoder output (cross K/V) reuse
@@ -56,6 +59,7 @@ class ServerArgs:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
+                     "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels")
         for name in _positive:
             value = getattr(self, name)
@@ -87,11 +91,15 @@ class ServerArgs:
     def resolved_device(self) -> str:
         import torch
 
-        if self.device is not None:
-            if self.device.startswith("cuda") and not torch.cuda.is_available():
-                raise ValueError(f"device {self.device!r} requested but CUDA is not available")
-            return self.device
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = self.device
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {device!r} requested but CUDA is not available")
+            if device == "cuda":  # pin an index: pools and memory queries need one
+                device = f"cuda:{torch.cuda.current_device()}"
+        return device
 
     def resolved_attention_backend(self, device: str) -> str:
         if self.attention_backend is not None:

@@ -41,3 +41,33 @@ def test_triton_bfloat16_agrees_with_torch_native(t5_checkpoints):
     # bf16 rounding may flip a near-tie late in a sequence; the first tokens must agree
     agree = sum(triton[k][:4] == native[k][:4] for k in triton)
     assert agree >= len(sources) - 1, (triton, native)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graphs_change_no_output(t5_checkpoints, dtype):
+    path = t5_checkpoints["t5_gated_tied"]
+    tok = load_tokenizer(path)
+    sources = [tok(s).input_ids for s in SOURCES]
+    graphs = _run(path, sources, attention_backend="triton", dtype=dtype)
+    eager = _run(path, sources, attention_backend="triton", dtype=dtype,
+                 disable_cuda_graph=True)
+    assert graphs == eager
+
+
+def test_cuda_graphs_for_mllama(tmp_path):
+    from seq2serve import Seq2SeqEngine
+    from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+    from seq2serve.tests.mllama_oracle import random_image
+
+    path = str(write_mllama_checkpoint(tmp_path / "m"))
+    imgs = [random_image(1, 40, 90), random_image(2, 100, 30)]
+    prompts = ["<|image|>Describe", "<|image|><|image|>Two", "text only", "Look: <|image|> ok"]
+    data = [[imgs[0]], imgs, [], [imgs[1]]]
+    sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for graphs in (True, False):
+        with Seq2SeqEngine(model_path=path, device="cuda", dtype="float32",
+                           disable_cuda_graph=not graphs) as e:
+            outs[graphs] = [o["output_ids"] for o in e.generate(prompt=prompts, image_data=data,
+                                                                sampling_params=sp)]
+    assert outs[True] == outs[False]

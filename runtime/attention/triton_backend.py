@@ -72,6 +72,19 @@ class TritonBackend(AttentionBackend):
                                else torch.minimum(fb.encoder_lens, fb.cross_kv_end))
         fb.attn_metadata = md
 
+    def init_graph_metadata(self, fb: ForwardBatch, self_splits: int,
+                            cross_splits: int) -> None:
+        """Decode metadata made only of views of `fb`'s (static) device tensors, so that a
+        captured CUDA graph reads each replay's values: no host lists, no copies."""
+        cross_end = fb.encoder_lens
+        if fb.cross_kv_end is not None:
+            cross_end = torch.minimum(fb.encoder_lens, fb.cross_kv_end)
+        fb.attn_metadata = _Metadata(
+            q_starts=fb.positions.new_empty(0), req_rows=fb.req_pool_indices,
+            block_req=fb.positions.new_empty(0), block_start=fb.positions.new_empty(0),
+            decode=True, self_splits=self_splits, cross_splits=cross_splits,
+            cross_kv_start=fb.cross_kv_start, cross_kv_end=cross_end)
+
     def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
                      position_bias: PositionBias | None) -> torch.Tensor:
         md: _Metadata = fb.attn_metadata

@@ -24,7 +24,8 @@ def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls._from_config(config, dtype=dtype)
+            model = (cls._from_config(config, dtype=dtype) if hasattr(cls, "_from_config")
+                     else cls.from_config(config, dtype=dtype))
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

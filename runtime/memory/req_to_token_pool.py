@@ -16,9 +16,13 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.max_encoder_len = max_encoder_len
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        # one extra row, never handed out: padded entries of a CUDA graph batch use it (its
+        # slots are 0, the KV pools' scratch page)
+        self.dummy_row = size
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32,
+                                        device=device)
         self.req_to_cross = torch.zeros(
-            (size, max(max_encoder_len, 1)), dtype=torch.int32, device=device
+            (size + 1, max(max_encoder_len, 1)), dtype=torch.int32, device=device
         )
         self._free = list(range(size - 1, -1, -1))
 

@@ -141,6 +141,18 @@ class RequestMemory:
         req.kv_len = new_len
         return slots
 
+    def alloc_one(self, req: Req) -> int | None:
+        """The slot of the request's next decoder position (decode fast path); None when a
+        new page is needed and the pool has none."""
+        pos, ps = req.kv_len, self.page_size
+        if pos == len(req.kv_pages) * ps:
+            pages = self.token_to_kv.allocator.alloc(1)
+            if pages is None:
+                return None
+            req.kv_pages.append(pages[0])
+        req.kv_len = pos + 1
+        return req.kv_pages[pos // ps] * ps + pos % ps
+
     # --- releasing ---------------------------------------------------------------------------
     def finish(self, req: Req) -> None:
         """A finished request: offer its computed decoder K/V to the radix cache, then release."""
