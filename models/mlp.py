@@ -35,8 +35,14 @@ class GatedMLP(nn.Module):
         self.gate_up = Linear(hidden, [intermediate, intermediate])  # shard 0: gate, 1: up
         self.down = Linear(intermediate, hidden)
         self.act = ACTIVATIONS[activation]
+        self.activation = activation
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up(x)
+        if gate_up.is_cuda and gate_up.dim() == 2:  # one fused kernel for act(gate) * up
+            from seq2serve.models.triton_ops import gated_activation
+
+            return self.down(gated_activation(gate_up, self.activation))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down(self.act(gate) * up)

@@ -106,7 +106,8 @@ class CudaGraphRunner:
         bs = len(wb.req_pool_indices)
         bucket = next(b for b in self.buckets if b >= bs)
         h, row = self.host, self.row
-        h[row["input_ids"], :bs] = wb.input_ids
+        if wb.input_ids_device is None:
+            h[row["input_ids"], :bs] = wb.input_ids
         h[row["positions"], :bs] = wb.positions
         h[row["out_cache_loc"], :bs] = wb.out_cache_loc
         h[row["req_pool_indices"], :bs] = torch.tensor(wb.req_pool_indices)
@@ -117,6 +118,8 @@ class CudaGraphRunner:
             h[row["cross_kv_end"], :bs] = wb.cross_kv_end
         self._fill_padding(bs, bucket)
         self.dev[:, :bucket].copy_(h[:, :bucket], non_blocking=True)
+        if wb.input_ids_device is not None:  # sampled by the step before, never on the host
+            self.dev[row["input_ids"], :bs].copy_(wb.input_ids_device)
         self.graphs[bucket].replay()
         logits, ids = self.outputs[bucket]
         return logits[:bs], ids[:bs]

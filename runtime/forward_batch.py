@@ -38,6 +38,9 @@ class ModelWorkerBatch:
     extend_lens: list[int] = field(default_factory=list)  # query tokens of each request
     encoder_lens: list[int] = field(default_factory=list)  # cross K/V length of each request
     sampling: SamplingBatch | None = None
+    # decode with the overlap scheduler: the input tokens, still on the device (sampled by the
+    # step before, not yet seen by the host); replaces input_ids
+    input_ids_device: torch.Tensor | None = None
     # optional cross-attention mask hook: query i may attend only to the cross keys
     # [cross_kv_start[i], cross_kv_end[i]) of its request; an empty range gives a zero output.
     # Set when a request restricts what each token sees (Mllama's image groups).
@@ -99,7 +102,8 @@ class ForwardBatch:
         fb = cls(
             forward_mode=b.forward_mode,
             batch_size=b.batch_size,
-            input_ids=dev(b.input_ids, torch.int64),
+            input_ids=(b.input_ids_device if b.input_ids_device is not None
+                       else dev(b.input_ids, torch.int64)),
             positions=dev(b.positions, torch.int64),
             out_cache_loc=dev(b.out_cache_loc, torch.int64),
             req_pool_indices=dev(b.req_pool_indices, torch.int64),

@@ -34,7 +34,9 @@ class SamplingBatch:
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, eos_ids: tuple[int, ...],
-                  device: str) -> SamplingBatch:
+                  device: str, pending: int = 0) -> SamplingBatch:
+        """`pending`: tokens each request has generated that the host has not seen yet (the
+        overlap scheduler's one step of lag); they count for seeds and min_new_tokens."""
         sps = [r.sampling_params for r in reqs]
 
         def col(values, dtype=torch.float32):
@@ -50,7 +52,7 @@ class SamplingBatch:
 
         banned_rows, banned_cols = [], []
         for i, (r, sp) in enumerate(zip(reqs, sps)):
-            if len(r.output_ids) < sp.min_new_tokens:
+            if len(r.output_ids) + pending < sp.min_new_tokens:
                 ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
                 banned_rows += [i] * len(ban)
                 banned_cols += sorted(ban)
@@ -71,7 +73,7 @@ class SamplingBatch:
             min_ps=col(min_ps) if any(p > 0.0 for p in min_ps) else None,
             seeds=torch.tensor([-1 if sp.seed is None else sp.seed for sp in sps],
                                dtype=torch.int64).to(device) if seeded else None,
-            steps=torch.tensor([len(r.output_ids) for r in reqs],
+            steps=torch.tensor([len(r.output_ids) + pending for r in reqs],
                                dtype=torch.int64).to(device) if seeded else None,
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,

@@ -12,6 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
+
+import torch
 
 from seq2serve.encoders.encoder_cache import EncoderCache
 from seq2serve.encoders.encoder_stage import EncoderStage
@@ -24,15 +27,23 @@ from seq2serve.runtime.req import EncoderSegment, FinishReason, Req
 from seq2serve.runtime.sampling_batch import SamplingBatch
 from seq2serve.runtime.schedule_batch import ScheduleBatch, decode_batch
 from seq2serve.runtime.server_args import ServerArgs
-from seq2serve.runtime.tp_worker import GenerationResult, TpModelWorker
+from seq2serve.runtime.tp_worker import GenerationResult, PendingResult, TpModelWorker
 
 logger = logging.getLogger(__name__)
 
 
-def _plain_greedy(r: Req) -> bool:
+def _plain_greedy(r: Req, pending: int = 0) -> bool:
     sp = r.sampling_params
     return (sp.is_greedy and not sp.has_penalties and not r.return_logprob
-            and len(r.output_ids) >= sp.min_new_tokens)
+            and len(r.output_ids) + pending >= sp.min_new_tokens)
+
+
+@dataclass
+class _InFlight:
+    """A batch launched on the device whose sampled tokens the host has not processed yet."""
+
+    batch: ScheduleBatch
+    pending: PendingResult
 
 
 class Scheduler:
@@ -62,7 +73,11 @@ class Scheduler:
         self.running: list[Req] = []
         self.batch_log: list[tuple[str, int]] = []  # (forward mode, batch size) of each forward
         self.last_result: GenerationResult | None = None
+        self.last_batch: ScheduleBatch | None = None
         self.num_retractions = 0
+        self.overlap = not args.disable_overlap_schedule
+        self.wait_seconds = 0.0
+        self.in_flight: _InFlight | None = None
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -132,25 +147,69 @@ class Scheduler:
     # --- the loop body -----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.in_flight)
 
     def step(self) -> list[TokenOutput]:
-        """Run one forward (with the encoder stage before it when new inputs need it)."""
+        """Run one forward (with the encoder stage before it when new inputs need it).
+
+        With the overlap schedule, decode steps are pipelined: this step's batch is launched
+        on the device before the previous step's tokens are read back and processed, so the
+        host's bookkeeping runs while the device computes. Outputs then lag by one step, and
+        a request that just finished may compute one extra token, which is dropped."""
         admitted, jobs = self._admit()
         if admitted:
+            outputs = self._flush()
             if jobs:
                 self.encoder_stage.run(jobs)
                 self.batch_log.append((ForwardMode.ENCODE.value, len(jobs)))
             assert all(r.cross_ready for r in admitted)
-            outputs = self._run(ForwardMode.EXTEND, admitted)
+            outputs += self._run(ForwardMode.EXTEND, admitted)
             self.running.extend(r for r in admitted if not r.finished)
             return outputs
         if self.running:
-            self._make_room_for_decode()
-            return self._run(ForwardMode.DECODE, list(self.running))
-        if self.args.debug_checks:
+            return self._decode_step()
+        outputs = self._flush()
+        if not outputs and self.args.debug_checks:
             self.check_integrity()
-        return []
+        return outputs
+
+    def _decode_step(self) -> list[TokenOutput]:
+        prev = self.in_flight
+        if self.overlap and prev is not None and self._overlappable(self.running):
+            # every running request was in `prev` and has one token the host has not seen
+            reqs = [r for r in self.running
+                    if len(r.output_ids) + 1 < r.sampling_params.max_new_tokens]
+            need = sum(self.memory.pages_to_grow(r, r.kv_len + 1) for r in reqs)
+            if reqs:
+                where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
+                order = [where.get(id(r), -1) for r in reqs]
+            if reqs and -1 not in order and self.memory.make_room(need):
+                ids = prev.pending.device_ids
+                if order != list(range(len(prev.batch.reqs))):
+                    ids = ids[torch.tensor(order, device=ids.device)]
+                self.in_flight = self._launch(ForwardMode.DECODE, reqs, input_ids=ids,
+                                              pending=1)
+                return self._resolve(prev)
+        outputs = self._flush()
+        if not self.running:
+            return outputs
+        self._make_room_for_decode()
+        if self.overlap and self._overlappable(self.running):
+            self.in_flight = self._launch(ForwardMode.DECODE, list(self.running))
+            return outputs
+        return outputs + self._run(ForwardMode.DECODE, list(self.running))
+
+    @staticmethod
+    def _overlappable(reqs: list[Req]) -> bool:
+        # penalties read every generated token: they cannot run a step behind the device
+        return not any(r.sampling_params.has_penalties for r in reqs)
+
+    def _flush(self) -> list[TokenOutput]:
+        """Read back and process the step still in flight, if any."""
+        if self.in_flight is None:
+            return []
+        f, self.in_flight = self.in_flight, None
+        return self._resolve(f)
 
     def _admit(self) -> tuple[list[Req], list]:
         """Take waiting requests (FCFS) while slots, pools and the prefill budget allow;
@@ -191,23 +250,35 @@ class Scheduler:
             logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
     def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
+        return self._resolve(self._launch(mode, reqs))
+
+    def _launch(self, mode: ForwardMode, reqs: list[Req], input_ids: torch.Tensor | None = None,
+                pending: int = 0) -> _InFlight:
         sampling = None  # plain greedy for all: the argmax, nothing to build
-        if not all(_plain_greedy(r) for r in reqs):
+        if not all(_plain_greedy(r, pending) for r in reqs):
             sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
-                                               self.device)
+                                               self.device, pending=pending)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(reqs, self.memory, sampling)
         else:
             batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
+        batch.worker_batch.input_ids_device = input_ids
         self.batch_log.append((mode.value, batch.batch_size))
-        result = self.worker.forward_generation(batch.worker_batch)
-        self.last_result = result
-        return self._process(batch, result)
+        return _InFlight(batch, self.worker.launch(batch.worker_batch))
+
+    def _resolve(self, f: _InFlight) -> list[TokenOutput]:
+        start = time.perf_counter()
+        result = f.pending.result()
+        self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
+        self.last_result, self.last_batch = result, f.batch  # tests read them
+        return self._process(f.batch, result)
 
     def _process(self, batch: ScheduleBatch, result: GenerationResult) -> list[TokenOutput]:
         outputs = []
         now = time.monotonic()
         for i, req in enumerate(batch.reqs):
+            if req.finished:  # finished (or aborted) while this step was in flight
+                continue
             token = result.next_token_ids[i]
             req.output_ids.append(token)
             if req.first_token_time is None:
@@ -252,6 +323,7 @@ class Scheduler:
             "forwards": len(self.batch_log),
             "max_batch_size": max((n for m, n in self.batch_log if m == "decode"), default=0),
             "retractions": self.num_retractions,
+            "host_wait_seconds": self.wait_seconds,
             **self.memory.usage(),
         }
 

@@ -30,6 +30,7 @@ class ServerArgs:
     random_seed: int = 0
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
     disable_cuda_graph: bool = False  # decode steps replay captured CUDA graphs on GPU
+    disable_overlap_schedule: bool = False  # prepare step N+1 on the host while N runs
     cuda_graph_max_bs: int = 256  # largest decode batch captured
     # caches
     disable_radix_cache: bool = False  # decoder prefix reuse

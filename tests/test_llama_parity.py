@@ -43,11 +43,11 @@ def test_llama_greedy_and_logits_match_hf(llama_dirs, name):
     out: dict[str, list[int]] = {}
     first_logits = {}
     while sched.has_work:
-        batch = [r.rid for r in (sched.running or sched.waiting)]
         for o in sched.step():
             out.setdefault(o.rid, []).extend(o.new_token_ids)
         if not first_logits:  # the prefill step
-            first_logits = dict(zip(batch, sched.last_result.logits))
+            first_logits = {r.rid: row for r, row in zip(sched.last_batch.reqs,
+                                                         sched.last_result.logits)}
         sched.check_integrity()
     for i, ids in enumerate(prompts):
         with torch.no_grad():

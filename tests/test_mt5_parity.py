@@ -27,13 +27,14 @@ def test_greedy_and_logits_match_hf(t5_checkpoints, name):
         sched.add_request(request(str(i), ids, max_new_tokens=MAX_NEW, ignore_eos=True))
     logits: dict[str, list[torch.Tensor]] = {str(i): [] for i in range(len(sources))}
     out: dict[str, list[int]] = {}
+    seen = None
     while sched.has_work:
-        running = [r.rid for r in sched.waiting] if not sched.running else [
-            r.rid for r in sched.running]
         for o in sched.step():
             out.setdefault(o.rid, []).extend(o.new_token_ids)
-        for rid, row in zip(running, sched.last_result.logits):
-            logits[rid].append(row)
+        if sched.last_result is not seen:  # a step's results were read back
+            seen = sched.last_result
+            for req, row in zip(sched.last_batch.reqs, seen.logits):
+                logits[req.rid].append(row)
         sched.check_integrity()
 
     assert max(n for mode, n in sched.batch_log if mode == "decode") == len(sources)

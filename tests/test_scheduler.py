@@ -17,8 +17,9 @@ def sources(t5_dir):
     return [tok(s).input_ids for s in SOURCES]
 
 
-def test_requests_join_a_running_batch(t5_dir, sources):
-    sched = make_scheduler(t5_dir)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_requests_join_a_running_batch(t5_dir, sources, overlap):
+    sched = make_scheduler(t5_dir, disable_overlap_schedule=not overlap)
     arrivals = {0: [0, 1], 3: [2], 7: [3], 8: [4]}  # step -> sources arriving before it
 
     def arrive(step: int) -> bool:
@@ -71,9 +72,11 @@ def test_finished_requests_stay_cached_until_flushed(t5_dir, sources):
     sched.check_integrity()
 
 
-def test_kv_pool_overflow_retracts_and_resumes(t5_dir, sources):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_kv_pool_overflow_retracts_and_resumes(t5_dir, sources, overlap):
     # 8 requests of up to 21 decoder tokens each need far more than 48 pool tokens
-    sched = make_scheduler(t5_dir, max_total_tokens=48, page_size=4)
+    sched = make_scheduler(t5_dir, max_total_tokens=48, page_size=4,
+                           disable_overlap_schedule=not overlap)
     for i, ids in enumerate(sources):
         sched.add_request(request(str(i), ids, max_new_tokens=20, ignore_eos=True))
     out = run_to_completion(sched)
@@ -115,8 +118,9 @@ def test_too_long_requests_are_refused_without_side_effects(t5_dir, sources):
     sched.check_integrity()
 
 
-def test_abort_frees_memory(t5_dir, sources):
-    sched = make_scheduler(t5_dir)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_abort_frees_memory(t5_dir, sources, overlap):
+    sched = make_scheduler(t5_dir, disable_overlap_schedule=not overlap)
     for i in range(3):
         sched.add_request(request(str(i), sources[i], max_new_tokens=30, ignore_eos=True))
     sched.step()

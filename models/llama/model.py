@@ -53,8 +53,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, x: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, fb)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn(self.input_layernorm(x), rope, fb)
+        normed, x = self.post_attention_layernorm(h, residual=x)
+        return x + self.mlp(normed)
 
 
 class LlamaForCausalLM(nn.Module):

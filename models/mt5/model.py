@@ -33,6 +33,15 @@ def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _add_norm(norm: RMSNorm, x: torch.Tensor, h: torch.Tensor):
+    """(norm(x + h), x + h); fused into one kernel except in float16, where T5 clamps the
+    residual stream after every add."""
+    if x.dtype == torch.float16:
+        x = _clamp_fp16(x + h)
+        return norm(x), x
+    return norm(h, residual=x)
+
+
 class T5SelfAttention(nn.Module):
     def __init__(self, cfg: T5Config, kind: AttentionKind, layer_id: int) -> None:
         super().__init__()
@@ -82,8 +91,9 @@ class T5EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
-        x = _clamp_fp16(x + self.self_attn(self.attn_norm(x), fb, bias))
-        return _clamp_fp16(x + self.ff(self.ff_norm(x)))
+        h = self.self_attn(self.attn_norm(x), fb, bias)
+        normed, x = _add_norm(self.ff_norm, x, h)
+        return _clamp_fp16(x + self.ff(normed))
 
 
 class T5DecoderBlock(nn.Module):
@@ -98,9 +108,11 @@ class T5DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
-        x = _clamp_fp16(x + self.self_attn(self.self_attn_norm(x), fb, bias))
-        x = _clamp_fp16(x + self.cross_attn(self.cross_attn_norm(x), fb))
-        return _clamp_fp16(x + self.ff(self.ff_norm(x)))
+        h = self.self_attn(self.self_attn_norm(x), fb, bias)
+        normed, x = _add_norm(self.cross_attn_norm, x, h)
+        h = self.cross_attn(normed, fb)
+        normed, x = _add_norm(self.ff_norm, x, h)
+        return _clamp_fp16(x + self.ff(normed))
 
 
 class T5ForConditionalGeneration(nn.Module):

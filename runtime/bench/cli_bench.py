@@ -13,6 +13,11 @@ from seq2serve.runtime.bench.workload import Workload, make_requests
 
 
 def add_bench_parser(sub) -> None:
+    from seq2serve.runtime.bench.plot import add_plot_parser
+    from seq2serve.runtime.bench.serving import add_serving_parser
+
+    add_serving_parser(sub)
+    add_plot_parser(sub)
     for name, fn, doc in (("offline", _offline, "throughput of many requests"),
                           ("one-batch", _one_batch, "latency of one batch")):
         p = sub.add_parser(name, help=doc)
@@ -88,7 +93,9 @@ def _offline(args) -> dict:
             r = bench_engine(engine, reqs, args.output_len)
         r["concurrency"] = c
         results["seq2serve"].append(r)
-        print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s", flush=True)
+        print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s  "
+              f"({r['decode_steps']} forwards, host waiting for the device "
+              f"{r['host_waiting_share']:.0%} of the time)", flush=True)
     if args.baseline == "hf":
         results["hf"] = _hf(model_dir, reqs, args, max(int(x) for x in
                                                        args.batch_sizes.split(",")))

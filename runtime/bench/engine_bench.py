@@ -17,13 +17,19 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int) -> dict:
                     image_data=images[:warm] if images else None,
                     sampling_params={**sp, "max_new_tokens": 4})
     engine.flush_cache()
+    before = engine.stats()
     start = time.perf_counter()
     outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
                            sampling_params=sp)
     elapsed = time.perf_counter() - start
+    after = engine.stats()
+    # the share of the time the scheduler waited for the device: near 1 means device-bound
+    device_bound = (after["host_wait_seconds"] - before["host_wait_seconds"]) / elapsed
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     ttfts = sorted(o["meta_info"].get("ttft", 0.0) for o in outs)
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+            "decode_steps": after["forwards"] - before["forwards"],
+            "host_waiting_share": device_bound,
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
 
