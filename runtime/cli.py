@@ -16,7 +16,7 @@ _SKIP = {"extra", "model_path"}
 def add_server_args(p: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field (--model-path, --device, --dtype, --page-size, ...)."""
     p.add_argument("--model-path", default=None,
-                   help="local Hugging Face model directory (default: the demo checkpoint)")
+                   help="local Hugging Face model directory (default: the bundled demo model)")
     for f in dataclasses.fields(ServerArgs):
         if f.name in _SKIP:
             continue
@@ -40,10 +40,11 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
     sampling = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
     if ns.seed is not None:
         sampling["seed"] = ns.seed
-    prompts = ns.prompt or ["translate English to German: The house is wonderful."]
+    prompts = ns.prompt or ["translate digits to English: 1984",
+                            "translate digits to English: 42"]
     with Seq2SeqEngine(model_path=ns.model_path, **server_args_from(ns)) as engine:
         info = engine.info
-        print(f"# model {ns.model_path or 'demo checkpoint (random weights)'} | "
+        print(f"# model {ns.model_path or 'the bundled demo (numbers to words)'} | "
               f"{info['architecture']} | {info['device']} {info['dtype']} | "
               f"attention {info['attention_backend']}", file=sys.stderr)
         for prompt in prompts:
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     g = sub.add_parser("generate", help="generate text for prompts and print it")
     add_server_args(g)
-    g.add_argument("--prompt", action="append", help="input text (repeatable)")
+    g.add_argument("--prompt", action="append",
+                   help="input text (repeatable); default: two prompts for the demo model")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)

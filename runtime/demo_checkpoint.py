@@ -1,4 +1,5 @@
-"""Tiny random-weight checkpoints in Hugging Face format, for smoke runs, demos and tests.
+"""Tiny random-weight checkpoints in Hugging Face format, for smoke runs and tests, and the
+bundled (trained) demo model.
 
 The weights are random: the text they produce is meaningless. They are scaled so that greedy
 decoding does not collapse into one repeated token, which keeps parity tests meaningful.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
@@ -180,15 +180,12 @@ def write_mllama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "flo
     return out
 
 
+DEMO_MODEL = ASSETS / "demo-t5-numbers"
+
+
 def default_demo_path() -> Path:
-    """The demo checkpoint in the user's cache, created on first use."""
-    cache = Path(os.environ.get("SEQ2SERVE_CACHE", Path.home() / ".cache" / "seq2serve"))
-    path = cache / "demo-t5"
-    if not (path / "model.safetensors").is_file():
-        logger.info("writing the demo checkpoint (random weights) to %s", path)
-        tmp = cache / "demo-t5.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        write_t5_checkpoint(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    return path
+    """The bundled demo model: a tiny T5 trained (scripts/train_demo.py) to write numbers in
+    English words ("translate digits to English: 1984")."""
+    if not (DEMO_MODEL / "model.safetensors").is_file():
+        raise ValueError(f"the bundled demo model is missing from {DEMO_MODEL}")
+    return DEMO_MODEL

@@ -66,6 +66,7 @@ class TokenOutput:
     # what the detokenizer needs to know about the request
     stop: list[str] = field(default_factory=list)
     skip_special_tokens: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # scheduler timings, when finished
     # set by the detokenizer
     text: str = ""
 

@@ -49,6 +49,7 @@ class ServerMetrics:
         self.ttft.observe(ttft)
 
     def on_tokens(self, n: int, gap: float) -> None:
+        """n tokens (after the first) that took `gap` seconds together."""
         self.generated_tokens.inc(n)
         for _ in range(n):
             self.itl.observe(gap / max(n, 1))

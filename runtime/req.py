@@ -75,6 +75,13 @@ class Req:
     # --- timing (set by the scheduler) ---
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    finish_time: float | None = None
+
+    def __post_init__(self) -> None:
+        sp = self.sampling_params
+        # fixed for the request's life; the scheduler checks them every step
+        self.penalized = sp.has_penalties
+        self.plain_greedy = sp.is_greedy and not self.penalized and not self.return_logprob
 
     @property
     def fill_ids(self) -> list[int]:

@@ -33,9 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def _plain_greedy(r: Req, pending: int = 0) -> bool:
-    sp = r.sampling_params
-    return (sp.is_greedy and not sp.has_penalties and not r.return_logprob
-            and len(r.output_ids) + pending >= sp.min_new_tokens)
+    """The argmax alone decides this request's next token."""
+    return r.plain_greedy and len(r.output_ids) + pending >= r.sampling_params.min_new_tokens
 
 
 @dataclass
@@ -179,7 +178,8 @@ class Scheduler:
             # every running request was in `prev` and has one token the host has not seen
             reqs = [r for r in self.running
                     if len(r.output_ids) + 1 < r.sampling_params.max_new_tokens]
-            need = sum(self.memory.pages_to_grow(r, r.kv_len + 1) for r in reqs)
+            ps = self.memory.page_size
+            need = sum(1 for r in reqs if r.kv_len == len(r.kv_pages) * ps)  # page boundary
             if reqs:
                 where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
                 order = [where.get(id(r), -1) for r in reqs]
@@ -202,7 +202,7 @@ class Scheduler:
     @staticmethod
     def _overlappable(reqs: list[Req]) -> bool:
         # penalties read every generated token: they cannot run a step behind the device
-        return not any(r.sampling_params.has_penalties for r in reqs)
+        return not any(r.penalized for r in reqs)
 
     def _flush(self) -> list[TokenOutput]:
         """Read back and process the step still in flight, if any."""
@@ -274,12 +274,15 @@ class Scheduler:
         return self._process(f.batch, result)
 
     def _process(self, batch: ScheduleBatch, result: GenerationResult) -> list[TokenOutput]:
+        """Append each request's new token and check its stop conditions. Streaming requests
+        get an output every step; the others one output, with everything, when they finish."""
         outputs = []
         now = time.monotonic()
+        ids = result.next_token_ids
         for i, req in enumerate(batch.reqs):
             if req.finished:  # finished (or aborted) while this step was in flight
                 continue
-            token = result.next_token_ids[i]
+            token = ids[i]
             req.output_ids.append(token)
             if req.first_token_time is None:
                 req.first_token_time = now
@@ -292,17 +295,23 @@ class Scheduler:
                     req.output_top_logprobs += top
             req.check_finished(self.eos_ids, self._decode_tail)
             if req.finished:
+                req.finish_time = now
                 self.memory.finish(req)
                 if req in self.running:
                     self.running.remove(req)
-            outputs.append(self._output(req, [token], logprobs, top))
+                if not req.stream:  # everything at once
+                    outputs.append(self._output(req, req.output_ids, req.output_logprobs or None,
+                                                req.output_top_logprobs or None))
+                    continue
+            if req.stream:
+                outputs.append(self._output(req, [token], logprobs, top))
         return outputs
 
     def _decode_tail(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _output(self, req: Req, new_ids: list[int], logprobs=None, top=None) -> TokenOutput:
-        return TokenOutput(
+        out = TokenOutput(
             rid=req.rid, new_token_ids=new_ids,
             finished_reason=req.finished_reason.to_json() if req.finished else None,
             prompt_tokens=len(req.encoder_input_ids) or len(req.decoder_input_ids),
@@ -312,6 +321,11 @@ class Scheduler:
             stop=req.sampling_params.stop,
             skip_special_tokens=req.sampling_params.skip_special_tokens,
         )
+        if req.finish_time is not None and req.first_token_time is not None:
+            # the scheduler's own clock: queueing + prefill, and the decode phase
+            out.extra = {"scheduler_ttft": req.first_token_time - req.arrival_time,
+                         "decode_seconds": req.finish_time - req.first_token_time}
+        return out
 
     # --- operations --------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -234,12 +234,17 @@ class TokenizerManager:
     def _observe(self, s: _ReqState, out: TokenOutput) -> None:
         now = time.monotonic()
         m = self.metrics
+        n = len(out.new_token_ids)
+        bulk = n > 1 and "decode_seconds" in out.extra  # a whole non-streamed answer at once
         if s.first_token is None:
             s.first_token = now
+            if bulk:  # when the first token really came: the scheduler timed the rest
+                s.first_token = now - out.extra["decode_seconds"]
             if m is not None:
-                m.on_first_token(now - s.created)
+                m.on_first_token(s.first_token - s.created)
         if m is not None:
-            m.on_tokens(len(out.new_token_ids), now - (s.last_token or now))
+            gap = out.extra["decode_seconds"] if bulk else now - (s.last_token or now)
+            m.on_tokens(n - 1 if bulk else n, gap)
             if out.finished_reason is not None:
                 m.on_finish(out.prompt_tokens, now - s.created)
         s.last_token = now
@@ -284,6 +289,7 @@ class TokenizerManager:
         }
         if s.first_token is not None:
             meta["ttft"] = s.first_token - s.created
+        meta.update(out.extra)  # the scheduler's timings, at the end
         if logprob and s.finished:
             meta["output_token_logprobs"] = list(zip(s.logprobs, s.output_ids))
             meta["output_top_logprobs"] = list(s.top_logprobs)

@@ -56,8 +56,8 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
     the image preprocessing, if any, and extrapolating to all of them)."""
     device = next(model.parameters()).device
     if mode == "static":
+        # generate compiles the decoding forward itself when the cache is static
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     gen = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
                num_beams=1)
     batches = [reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size)]
