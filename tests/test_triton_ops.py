@@ -38,3 +38,22 @@ def test_gated_activation_matches_torch(activation, rows, n):
     gate, up = gate_up.split(n, dim=-1)
     ref = ACTIVATIONS[activation](gate) * up
     torch.testing.assert_close(gated_activation(gate_up, activation), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads, dim", [(4, 16), (3, 7), (16, 64)])
+def test_store_kv_matches_index_put(heads, dim):
+    from seq2serve.runtime.memory.triton_kv_store import store_kv
+
+    g = torch.Generator().manual_seed(heads * dim)
+    fused = torch.randn(5, 3 * heads * dim, generator=g).to(DEVICE)  # q|k|v like a projection
+    k = fused[:, heads * dim:2 * heads * dim].view(5, heads, dim)
+    v = fused[:, 2 * heads * dim:].view(5, heads, dim)
+    loc = torch.tensor([7, 0, 3, 12, 5]).to(DEVICE)
+    k_buf = torch.full((16, heads, dim), float("nan")).to(DEVICE)
+    v_buf = k_buf.clone()
+    store_kv(k_buf, v_buf, loc, k, v)
+    ref_k = torch.full_like(k_buf, float("nan"))
+    ref_v = ref_k.clone()
+    ref_k[loc], ref_v[loc] = k, v
+    torch.testing.assert_close(k_buf, ref_k, equal_nan=True)
+    torch.testing.assert_close(v_buf, ref_v, equal_nan=True)

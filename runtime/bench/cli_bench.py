@@ -32,6 +32,8 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--baseline", choices=["none", "hf"], default="none")
         p.add_argument("--hf-modes", default="default,static")
         p.add_argument("--hf-max-batches", type=int, default=2)
+        p.add_argument("--hf-batch-size", type=int, default=None,
+                       help="HF generate's batch size (default: the largest of --batch-sizes)")
         p.add_argument("--dtype", default="bfloat16")
         p.add_argument("--device", default=None)
         p.add_argument("--engine-args", default="{}", help="JSON of extra engine options")
@@ -97,8 +99,8 @@ def _offline(args) -> dict:
               f"({r['decode_steps']} forwards, host waiting for the device "
               f"{r['host_waiting_share']:.0%} of the time)", flush=True)
     if args.baseline == "hf":
-        results["hf"] = _hf(model_dir, reqs, args, max(int(x) for x in
-                                                       args.batch_sizes.split(",")))
+        results["hf"] = _hf(model_dir, reqs, args, args.hf_batch_size or max(
+            int(x) for x in args.batch_sizes.split(",")))
     return _report(results)
 
 

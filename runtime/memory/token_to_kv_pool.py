@@ -44,8 +44,14 @@ class PagedKVBuffers:
         return page_ids * self.page_size + pos % self.page_size
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffers[layer_id][loc] = k.to(self.dtype)
-        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+        k_buf, v_buf = self.k_buffers[layer_id], self.v_buffers[layer_id]
+        if k.is_cuda and k.stride(1) == k.shape[2] and v.stride(1) == v.shape[2]:
+            from seq2serve.runtime.memory.triton_kv_store import store_kv
+
+            store_kv(k_buf, v_buf, loc, k, v)  # one kernel for both
+            return
+        k_buf[loc] = k.to(self.dtype)
+        v_buf[loc] = v.to(self.dtype)
 
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
