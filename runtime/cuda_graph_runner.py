@@ -39,6 +39,7 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.fbs: dict[int, ForwardBatch] = {}
+        self.splits: dict[int, tuple[int, int]] = {}  # KV splits (self, cross) per bucket
         self._capture()
 
     def can_run(self, wb: ModelWorkerBatch) -> bool:
@@ -62,13 +63,15 @@ class CudaGraphRunner:
                 "req_to_token_pool": r.req_to_token_pool, "token_to_kv_pool": r.token_to_kv_pool,
                 "cross_kv_pool": r.cross_kv_pool, "attn_backend": r.attn_backend})
         heads = r.token_to_kv_pool.num_kv_heads
-        r.attn_backend.init_graph_metadata(
-            fb, num_kv_splits(bs, heads, ctx, r.attn_backend.num_sms),
-            num_kv_splits(bs, heads, max(r.max_encoder_len, 1), r.attn_backend.num_sms))
+        self.splits[bs] = (num_kv_splits(bs, heads, ctx, r.attn_backend.num_sms),
+                           num_kv_splits(bs, heads, max(r.max_encoder_len, 1),
+                                         r.attn_backend.num_sms))
         return fb
 
     def _body(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.runner
+        # inside the capture: the metadata's own device ops (key-range clamps) replay too
+        r.attn_backend.init_graph_metadata(fb, *self.splits[fb.batch_size])
         r.req_to_token_pool.req_to_token[fb.req_pool_indices, fb.positions] = \
             fb.out_cache_loc.int()
         hidden = r.model(fb.input_ids, fb.positions, fb)

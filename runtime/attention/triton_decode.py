@@ -20,8 +20,6 @@ from seq2serve.runtime.attention.triton_flash import (
 BLOCK_N = 64  # keys per step
 MIN_SPLIT_KEYS = 128  # a split shorter than this costs more to merge than it saves
 MAX_SPLITS = 32
-MHA_HEADS_PER_PROGRAM = 4  # heads of one request per MHA program (halved above head dim 64)
-MHA_BLOCK_N = 32  # keys per step of the MHA kernel: [heads, keys, head dim] tiles in registers
 PROGRAMS_PER_SM = 4  # stage-1 programs wanted per SM before splitting stops paying
 
 
@@ -93,72 +91,6 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_mha_kernel(
-    q, k_buf, v_buf, out, part_out, part_lse, page_table, req_rows, kv_starts, kv_ends,
-    bias_table, scaling, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-    stride_ot, stride_pt, stride_bb, stride_bh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_HB: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_KV_START: tl.constexpr, HAS_BIAS: tl.constexpr, BIDIRECTIONAL: tl.constexpr,
-    NUM_BUCKETS: tl.constexpr, LOG_RATIO: tl.constexpr,
-):
-    """One KV head per query head (MHA, as T5): a program takes BLOCK_HB heads of one request,
-    so the page-table lookups are shared, and scores are row-wise products (a single query
-    row per head leaves nothing for a matrix unit to do)."""
-    b = tl.program_id(0)
-    hb = tl.program_id(1)
-    split = tl.program_id(2)
-    kv_end = tl.load(kv_ends + b)
-    kv_start = tl.load(kv_starts + b) if HAS_KV_START else 0
-    row = tl.load(req_rows + b).to(tl.int64)
-    chunk = tl.cdiv(tl.cdiv(tl.maximum(kv_end - kv_start, 0), NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = kv_start + split * chunk
-    end = tl.minimum(start + chunk, kv_end)
-
-    heads = hb * BLOCK_HB + tl.arange(0, BLOCK_HB)
-    h_ok = heads < NUM_HEADS
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q_t = tl.load(q + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                  mask=h_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    m_i = tl.full([BLOCK_HB], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_HB], tl.float32)
-    acc = tl.zeros([BLOCK_HB, BLOCK_D], tl.float32)
-    hd_mask = h_ok[:, None, None] & d_ok[None, None, :]
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < end
-        slot = tl.load(page_table + row * stride_pt + n, mask=n_ok, other=0).to(tl.int64)
-        mask3 = hd_mask & n_ok[None, :, None]
-        k = tl.load(k_buf + slot[None, :, None] * stride_ks + heads[:, None, None] * stride_kh
-                    + d[None, None, :], mask=mask3, other=0.0).to(tl.float32)
-        scores = tl.sum(q_t[:, None, :] * k, 2) * scaling  # [HB, N]
-        if HAS_BIAS:  # the query is the request's last position, kv_end - 1
-            scores += t5_bias(bias_table, stride_bb, stride_bh, heads[:, None],
-                              (n - kv_end + 1)[None, :], h_ok[:, None], BIDIRECTIONAL,
-                              NUM_BUCKETS, LOG_RATIO)
-        scores = tl.where(n_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_ref)
-        p = tl.exp(scores - m_ref[:, None])
-        v = tl.load(v_buf + slot[None, :, None] * stride_vs + heads[:, None, None] * stride_vh
-                    + d[None, None, :], mask=mask3, other=0.0).to(tl.float32)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v, 1)
-        m_i = m_new
-    o, lse = softmax_finish(m_i, l_i, acc)
-    o_mask = h_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(out + b * stride_ot + heads[:, None] * HEAD_DIM + d[None, :],
-                 o.to(out.dtype.element_ty), mask=o_mask)
-    else:
-        part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=o_mask)
-        tl.store(part_lse + part, lse, mask=h_ok)
-
-
-@triton.jit
 def _decode_merge_kernel(part_out, part_lse, out, stride_ot, NUM_HEADS: tl.constexpr,
                          HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -205,28 +137,18 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
     group = num_heads // num_kv_heads
     table = bias.weight if bias is not None else q
     bd = block_d(head_dim)
-    if group == 1:  # MHA: several heads per program, row-wise products
-        hb = MHA_HEADS_PER_PROGRAM if head_dim <= 64 else MHA_HEADS_PER_PROGRAM // 2
-        _decode_mha_kernel[(batch, triton.cdiv(num_heads, hb), num_splits)](
-            q, k_buf, v_buf, out, part_out, part_lse, page_table, req_rows,
-            kv_starts if kv_starts is not None else kv_ends, kv_ends, table, scaling,
-            q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
-            v_buf.stride(1), out.stride(0), page_table.stride(0), table.stride(0),
-            table.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            BLOCK_HB=hb, BLOCK_N=MHA_BLOCK_N, BLOCK_D=bd,
-            HAS_KV_START=kv_starts is not None, **bias_constexprs(bias), num_warps=4,
-        )
-    else:
-        _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_buf, v_buf, out, part_out, part_lse, page_table, req_rows,
-            kv_starts if kv_starts is not None else kv_ends, kv_ends, table, scaling,
-            q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
-            v_buf.stride(1), out.stride(0), page_table.stride(0), table.stride(0),
-            table.stride(1), NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
-            BLOCK_N=BLOCK_N, BLOCK_D=bd, DOT_PRECISION=dot_precision(q.dtype),
-            HAS_KV_START=kv_starts is not None, **bias_constexprs(bias), num_warps=4,
-        )
+    # one program per (request, KV head, split): a variant taking several MHA heads per
+    # program with row-wise products measured slower on an H100 (2026-11-22)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_buf, v_buf, out, part_out, part_lse, page_table, req_rows,
+        kv_starts if kv_starts is not None else kv_ends, kv_ends, table, scaling,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
+        v_buf.stride(1), out.stride(0), page_table.stride(0), table.stride(0),
+        table.stride(1), NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=BLOCK_N, BLOCK_D=bd, DOT_PRECISION=dot_precision(q.dtype),
+        HAS_KV_START=kv_starts is not None, **bias_constexprs(bias), num_warps=4,
+    )
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
             part_out, part_lse, out, out.stride(0), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
