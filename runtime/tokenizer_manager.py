@@ -7,8 +7,10 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,10 +59,19 @@ class TokenizerManager:
         self.media_policy = media_policy or MediaPolicy()
         self.max_images = max_images
         self.image_processor = None
+        self.image_pool = None
         if info.get("has_vision"):
+            import torch
+
             from seq2serve.encoders.image_processor import ImageProcessor
 
-            self.image_processor = ImageProcessor(model_id, model_id, info["tokens_per_tile"])
+            dtype = getattr(torch, info.get("dtype", "float32"))
+            self.image_processor = ImageProcessor(model_id, model_id, info["tokens_per_tile"],
+                                                  pixel_dtype=dtype)
+            # decoding and preprocessing images is CPU work that releases the GIL enough to
+            # run side by side
+            self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                 thread_name_prefix="seq2serve-images")
         self.states: dict[str, _ReqState] = {}
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
@@ -81,12 +92,12 @@ class TokenizerManager:
     def tokenize(self, obj: GenerateReqInput) -> tuple[bool, list[TokenizedRequest]]:
         """Validate and tokenize; one TokenizedRequest per prompt and sample (n)."""
         is_batch, items = obj.normalize()
+        per_item = self._images([item["image_data"] for item in items])
         reqs = []
-        for item in items:
+        for item, images in zip(items, per_item):
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])
             enc, dec = self._token_ids(item)
-            images = self._images(item["image_data"])
             spans = None
             if self.image_processor is not None:
                 spans = cross_spans(dec, self.info["image_token_id"],
@@ -111,22 +122,28 @@ class TokenizerManager:
             raise ValueError("rid must be unique among running requests")
         return is_batch or len(reqs) > 1, reqs
 
-    def _images(self, sources: list) -> list[ImageFeatures]:
-        if not sources:
-            return []
+    def _images(self, per_prompt: list[list]) -> list[list[ImageFeatures]]:
+        """Every prompt's images, decoded and preprocessed concurrently (all prompts at once)."""
+        if not any(per_prompt):
+            return [[] for _ in per_prompt]
         if self.image_processor is None:
             raise ValueError("this model takes no images (image_data was given)")
-        if len(sources) > self.max_images:
-            raise ValueError(f"{len(sources)} images in one request, over the limit of "
-                             f"{self.max_images}")
-        out = []
-        for i, src in enumerate(sources):
+        for sources in per_prompt:
+            if len(sources) > self.max_images:
+                raise ValueError(f"{len(sources)} images in one request, over the limit of "
+                                 f"{self.max_images}")
+
+        def one(i_src):
+            i, src = i_src
             try:
                 image, ident = load_image(src, self.media_policy)
             except ValueError as e:
                 raise ValueError(f"image {i}: {e}") from None
-            out.append(self.image_processor(image, ident))
-        return out
+            return self.image_processor(image, ident)
+
+        flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
+        done = iter(list(self.image_pool.map(one, flat)))
+        return [[next(done) for _ in sources] for sources in per_prompt]
 
     def _prompt_ids(self, text: str) -> list[int]:
         if self.image_processor is None:
@@ -194,7 +211,11 @@ class TokenizerManager:
         otherwise one final dict per prompt/sample, in order. Cancelling aborts them."""
         self._check_alive()
         await self.start()
-        _, reqs = self.tokenize(obj)
+        if obj.image_data is not None and self.image_pool is not None:
+            # images take a while: keep the event loop (and other requests) moving
+            _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
+        else:
+            _, reqs = self.tokenize(obj)
         states = [_ReqState(rid=r.rid, index=i) for i, r in enumerate(reqs)]
         for s in states:
             self.states[s.rid] = s
