@@ -7,6 +7,8 @@ get their K/V projections. New hidden states are offered to the encoder cache's 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from seq2serve.encoders.encoder_cache import EncodeWork, EncoderCache
@@ -23,9 +25,11 @@ class EncoderStage:
         self.num_forwards = 0  # encoder passes run (tests count them)
         self.num_encoded_inputs = 0
         self.num_projected_inputs = 0  # warm hits: K/V projected from cached hidden states
+        self.seconds = 0.0  # wall time of encoder passes (the host waits for each to finish)
 
     def run(self, jobs: list[EncoderJob]) -> None:
         """Fill every job's cross K/V, in passes of at most max_batch_tokens inputs' tokens."""
+        start = time.perf_counter()
         chunk: list[EncoderJob] = []
         size = 0
         for j in jobs:
@@ -36,6 +40,9 @@ class EncoderStage:
             size += j.segment.length
         if chunk:
             self._run(chunk)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - start
 
     def _run(self, jobs: list[EncoderJob]) -> None:
         encode = [j for j in jobs if j.work is EncodeWork.ENCODE]

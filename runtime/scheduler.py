@@ -334,6 +334,7 @@ class Scheduler:
             "waiting_requests": len(self.waiting),
             "encoder_forwards": self.encoder_stage.num_forwards,
             "encoder_projections": self.encoder_stage.num_projected_inputs,
+            "encoder_seconds": self.encoder_stage.seconds,
             "forwards": len(self.batch_log),
             "max_batch_size": max((n for m, n in self.batch_log if m == "decode"), default=0),
             "retractions": self.num_retractions,

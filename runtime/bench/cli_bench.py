@@ -97,7 +97,8 @@ def _offline(args) -> dict:
         results["seq2serve"].append(r)
         print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s  "
               f"({r['decode_steps']} forwards, host waiting for the device "
-              f"{r['host_waiting_share']:.0%} of the time)", flush=True)
+              f"{r['host_waiting_share']:.0%} of the time, encoder "
+              f"{r['encoder_seconds']:.2f} s)", flush=True)
     if args.baseline == "hf":
         results["hf"] = _hf(model_dir, reqs, args, args.hf_batch_size or max(
             int(x) for x in args.batch_sizes.split(",")))

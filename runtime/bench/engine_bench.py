@@ -29,6 +29,7 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int) -> dict:
     ttfts = sorted(o["meta_info"].get("scheduler_ttft", 0.0) for o in outs)
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
             "decode_steps": after["forwards"] - before["forwards"],
+            "encoder_seconds": after["encoder_seconds"] - before["encoder_seconds"],
             "host_waiting_share": device_bound,
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
