@@ -21,6 +21,7 @@ def _plot(args) -> dict:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    hf_style = {"default": ("x", "tab:red"), "static": ("D", "tab:purple")}
     for path in args.results:
         with open(path) as f:
             res = json.load(f)
@@ -31,7 +32,8 @@ def _plot(args) -> dict:
             ax.plot(*zip(*pts), marker="o", label=f"seq2serve {shape}")
         for h in res.get("hf", []):
             if "tokens_per_s" in h:
-                ax.scatter([h["batch_size"]], [h["tokens_per_s"]], marker="x",
+                marker, color = hf_style.get(h["mode"], ("s", "tab:gray"))
+                ax.scatter([h["batch_size"]], [h["tokens_per_s"]], marker=marker, color=color,
                            label=f"HF generate ({h['mode']}) {shape}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
