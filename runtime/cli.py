@@ -1,4 +1,4 @@
-"""The `seq2serve` command line: serve, generate, demo-checkpoint."""
+"""The `seq2serve` command line: serve, generate, demo-checkpoint, convert-gguf."""
 
 from __future__ import annotations
 
@@ -82,6 +82,49 @@ def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert_gguf(ns: argparse.Namespace) -> int:
+    from seq2serve.runtime.convert_gguf import convert_gguf, describe_gguf
+
+    out = convert_gguf(ns.file, ns.out, dtype=ns.dtype)
+    print(f"converted {ns.file} ({describe_gguf(ns.file)})\nto {out}/")
+    for name, about in _checkpoint_summary(out).items():
+        size = (out / name).stat().st_size
+        size = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.1f} kB"
+        print(f"  {name:<24}{size:>10}  {about}")
+    print(f"serve it: seq2serve serve --model-path {out}   (chat: /v1/chat/completions)")
+    return 0
+
+
+def _checkpoint_summary(out) -> dict[str, str]:
+    """One line per file convert-gguf wrote, read back from the files themselves."""
+    import math
+
+    from safetensors import safe_open
+
+    cfg = json.loads((out / "config.json").read_text())
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+    vocab = len(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"])
+    gen = json.loads((out / "generation_config.json").read_text())
+    rope = f"rope theta {cfg['rope_theta']:g}"
+    if cfg["rope_scaling"]:
+        rope += f" ({cfg['rope_scaling']['rope_type']} scaling)"
+    return {
+        "config.json": (f"{cfg['architectures'][0]}: {cfg['num_hidden_layers']} layers, hidden "
+                        f"{cfg['hidden_size']}, {cfg['num_attention_heads']} heads "
+                        f"({cfg['num_key_value_heads']} KV) of {cfg['head_dim']}, vocab "
+                        f"{cfg['vocab_size']}, {rope}, context {cfg['max_position_embeddings']}"
+                        f"{', tied embeddings' if cfg['tie_word_embeddings'] else ''}"),
+        "model.safetensors": f"{params / 1e6:.1f}M parameters in {cfg['dtype']}",
+        "tokenizer.json": f"byte-level BPE, {vocab} tokens",
+        "tokenizer_config.json": (f"bos {tok_cfg.get('bos_token')!r}, eos "
+                                  f"{tok_cfg.get('eos_token')!r}, chat template "
+                                  f"{'included' if tok_cfg.get('chat_template') else 'none'}"),
+        "generation_config.json": f"eos ids {gen.get('eos_token_id')}",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="seq2serve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     d.set_defaults(fn=_cmd_demo_checkpoint)
+
+    c = sub.add_parser("convert-gguf", help="convert a llama.cpp GGUF file (Llama) into a "
+                                            "checkpoint directory (needs seq2serve[gguf])")
+    c.add_argument("file", help="the .gguf file")
+    c.add_argument("--out", required=True, help="the directory to write")
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the dequantized weights (float32 keeps them exact)")
+    c.set_defaults(fn=_cmd_convert_gguf)
 
     ns = parser.parse_args(argv)
     if ns.command == "bench":

@@ -51,7 +51,7 @@ class Seq2SeqEngine:
                                  max_pixels=self.args.max_image_pixels)
             self.tokenizer_manager = TokenizerManager(
                 self.procs.ipc, tokenizer, self.procs.info, model_id=self.args.model_path,
-                media_policy=policy, max_images=self.args.max_images_per_request)
+                media_policy=policy, limits=self.args.request_limits())
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever,
                                              name="seq2serve-engine-loop", daemon=True)

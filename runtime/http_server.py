@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from seq2serve.encoders.image_loader import MediaPolicy
+from seq2serve.runtime.body_limit import BodySizeLimit
 from seq2serve.runtime.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.metrics import ServerMetrics
 from seq2serve.runtime.openai_protocol import (AbortBody, ChatCompletionRequest,
@@ -43,7 +44,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     policy = MediaPolicy(allow_local_paths=False, local_media_dir=args.allowed_local_media_path,
                          allow_remote=args.allow_remote_media, max_pixels=args.max_image_pixels)
     tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
-                          media_policy=policy, max_images=args.max_images_per_request)
+                          media_policy=policy, limits=args.request_limits())
     metrics = ServerMetrics()
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
@@ -206,7 +207,8 @@ def run_server(args: ServerArgs) -> int:
         signal.signal(sig, lambda *_: None)
     try:
         app = create_app(args, procs, on_child_death)
-        config = uvicorn.Config(app, host=args.host, port=args.port,
+        config = uvicorn.Config(BodySizeLimit(app, args.max_request_bytes), host=args.host,
+                                port=args.port,
                                 log_level=args.log_level, timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         info = procs.info

@@ -38,6 +38,11 @@ class ServerArgs:
     cache_isolation: str = "none"  # "user": cached entries never cross users
     encoder_hidden_cache_mb: int = 256  # warm tier: encoder hidden states kept after eviction
     log_level: str = "warning"
+    # request limits (each exceeded limit is a 4xx naming it)
+    max_request_bytes: int = 32 << 20  # HTTP request body
+    max_prompt_tokens: int | None = None  # prompt / encoder input (None: the model's limits)
+    max_new_tokens_limit: int | None = None  # largest max_tokens accepted (None: context)
+    max_n: int = 16  # samples per prompt
     # images (vision models)
     max_images_per_request: int = 4
     max_image_pixels: int = 40_000_000  # width * height of one image
@@ -61,12 +66,14 @@ class ServerArgs:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
-                     "max_images_per_request", "max_image_pixels")
+                     "max_images_per_request", "max_image_pixels", "max_request_bytes",
+                     "max_n")
         for name in _positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_total_tokens", "max_cross_tokens", "context_length", "max_encoder_len"):
+        for name in ("max_total_tokens", "max_cross_tokens", "context_length", "max_encoder_len",
+                     "max_prompt_tokens", "max_new_tokens_limit"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
@@ -88,6 +95,13 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+    def request_limits(self):
+        from seq2serve.runtime.tokenizer_manager import RequestLimits
+
+        return RequestLimits(max_prompt_tokens=self.max_prompt_tokens,
+                             max_new_tokens=self.max_new_tokens_limit, max_n=self.max_n,
+                             max_images=self.max_images_per_request)
 
     def resolved_device(self) -> str:
         import torch

@@ -29,6 +29,16 @@ from seq2serve.runtime.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request limits of this deployment (ServerArgs); None: only the model's own."""
+
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+    max_n: int = 16
+    max_images: int = 4
+
+
 class EngineDeadError(RuntimeError):
     """A child process of the runtime died; no request can be served any more."""
 
@@ -50,14 +60,15 @@ class _ReqState:
 
 class TokenizerManager:
     def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str,
-                 media_policy: MediaPolicy | None = None, max_images: int = 4) -> None:
+                 media_policy: MediaPolicy | None = None,
+                 limits: RequestLimits | None = None) -> None:
         self.ipc = ipc
         self.tokenizer = tokenizer
         self.info = info
         self.model_id = model_id
         self.is_encoder_decoder = info["is_encoder_decoder"]
         self.media_policy = media_policy or MediaPolicy()
-        self.max_images = max_images
+        self.limits = limits or RequestLimits()
         self.image_processor = None
         self.image_pool = None
         if info.get("has_vision"):
@@ -97,6 +108,10 @@ class TokenizerManager:
         for item, images in zip(items, per_item):
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])
+            cap = self.limits.max_new_tokens
+            if cap is not None and "max_new_tokens" not in (item["sampling_params"] or {}):
+                sp.max_new_tokens = min(sp.max_new_tokens, cap)  # a default, not a request
+            self._check_limits(sp)
             enc, dec = self._token_ids(item)
             spans = None
             if self.image_processor is not None:
@@ -129,9 +144,9 @@ class TokenizerManager:
         if self.image_processor is None:
             raise ValueError("this model takes no images (image_data was given)")
         for sources in per_prompt:
-            if len(sources) > self.max_images:
+            if len(sources) > self.limits.max_images:
                 raise ValueError(f"{len(sources)} images in one request, over the limit of "
-                                 f"{self.max_images}")
+                                 f"{self.limits.max_images} (max_images_per_request)")
 
         def one(i_src):
             i, src = i_src
@@ -182,9 +197,22 @@ class TokenizerManager:
             dec = [start] + dec
         return ids, dec
 
+    def _check_limits(self, sp: SamplingParams) -> None:
+        lim = self.limits
+        if lim.max_new_tokens is not None and sp.max_new_tokens > lim.max_new_tokens:
+            raise ValueError(f"max_new_tokens (max_tokens) {sp.max_new_tokens} is over this "
+                             f"server's limit of {lim.max_new_tokens} (max_new_tokens_limit)")
+        if sp.n > lim.max_n:
+            raise ValueError(f"n {sp.n} is over this server's limit of {lim.max_n} (max_n)")
+
     def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams,
                        image_tokens: int = 0) -> None:
         info = self.info
+        cap = self.limits.max_prompt_tokens
+        prompt = len(enc) if enc else len(dec)
+        if cap is not None and prompt > cap:
+            raise ValueError(f"the prompt is {prompt} tokens, over this server's limit of "
+                             f"{cap} (max_prompt_tokens)")
         limit = min(info["max_encoder_len"], info["cross_capacity_tokens"])
         if len(enc) > limit:
             raise ValueError(f"the input is {len(enc)} tokens, longer than the limit of "

@@ -1,0 +1,345 @@
+"""Reliability and security, with figures: schema fuzzing, a soak with aborts, memory pressure,
+faults, limits and hostile input. Reduced sizes by default (CI); the full run is
+
+    SEQ2SERVE_RELIABILITY=full SEQ2SERVE_RELIABILITY_REPORT=reliability.json \\
+        pytest -q tests/test_reliability.py
+
+whose figures docs/reliability.md reports."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+
+from seq2serve import Seq2SeqEngine
+from seq2serve.runtime.demo_checkpoint import default_demo_path, write_mllama_checkpoint
+from seq2serve.tests.server_helpers import ServerProcess
+
+FULL = os.environ.get("SEQ2SERVE_RELIABILITY") == "full"
+FUZZ_EXAMPLES = 320 if FULL else 25  # per operation with inputs (7 of the 11 operations)
+SOAK_REQUESTS = 2000 if FULL else 200
+SOAK_CONCURRENCY = 48 if FULL else 32
+FIGURES: dict = {}
+DEMO = str(default_demo_path())
+# a server with limits small enough that fuzzing never waits on long generations
+LIMITED = ("--max-new-tokens-limit", "32", "--max-n", "4", "--max-prompt-tokens", "256",
+           "--max-request-bytes", str(256 << 10))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    path = os.environ.get("SEQ2SERVE_RELIABILITY_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"scale": "full" if FULL else "ci", **FIGURES}, f, indent=2)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(DEMO, *LIMITED)
+    yield srv
+    assert srv.proc.poll() is None, "the server died"
+    assert httpx.get(srv.url + "/health").status_code == 200
+    assert httpx.get(srv.url + "/debug/integrity").json()["ok"]
+    assert srv.terminate() == 0
+
+
+def _tree_rss(pid: int) -> int:
+    p = psutil.Process(pid)
+    return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)])
+
+
+# --- schema fuzzing ------------------------------------------------------------------------
+FUZZED = {"requests": 0, "server_errors": 0, "operations": 0}
+
+
+def test_schema_fuzzing_never_gets_a_5xx(server):
+    """Every operation of the server's own OpenAPI schema, with requests generated from it
+    (schemathesis' strategies driven by hypothesis)."""
+    from hypothesis import given
+
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    operations = [r.ok() for r in schema.get_all_operations()]
+    for op in operations:
+        @given(case=op.as_strategy())
+        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        def fuzz(case):
+            response = case.call(base_url=server.url, timeout=60)
+            FUZZED["requests"] += 1
+            FUZZED["server_errors"] += response.status_code >= 500
+            case.validate_response(response, checks=[not_a_server_error])
+
+        fuzz()
+        FUZZED["operations"] += 1
+        assert server.proc.poll() is None, f"the server died fuzzing {op.label}"
+    FIGURES["fuzzing"] = dict(FUZZED)
+    assert FUZZED["server_errors"] == 0
+
+
+def test_server_healthy_after_fuzzing(server):
+    assert FUZZED["requests"] >= 5 * FUZZ_EXAMPLES
+    assert httpx.get(server.url + "/health").status_code == 200
+    r = httpx.post(server.url + "/v1/translations", json={
+        "input": "1984", "source_lang": "digits", "target_lang": "English"})
+    assert r.json()["data"][0]["translation"] == "one thousand nine hundred eighty-four"
+
+
+# --- soak with aborts ----------------------------------------------------------------------
+def test_soak_with_aborts(server):
+    rng = random.Random(0)
+    numbers = [rng.randrange(-999_999, 1_000_000) for _ in range(SOAK_REQUESTS)]
+    rss_start = _tree_rss(server.proc.pid)
+
+    async def one(c: httpx.AsyncClient, i: int) -> str:
+        prompt = f"translate digits to English: {numbers[i]}"
+        kind = i % 10
+        if kind == 0:  # aborted mid-stream: the client goes away after two events
+            async with c.stream("POST", "/v1/completions", json={
+                    "prompt": prompt, "max_tokens": 32, "stream": True,
+                    "ignore_eos": True}) as r:
+                seen = 0
+                async for line in r.aiter_lines():
+                    seen += line.startswith("data: {")
+                    if seen == 2:
+                        return "aborted"
+            return "lost"
+        if kind in (1, 2, 3):  # streamed to the end
+            text, done = "", False
+            async with c.stream("POST", "/v1/completions", json={
+                    "prompt": prompt, "max_tokens": 32, "stream": True,
+                    "temperature": 0}) as r:
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: {"):
+                        text += json.loads(line[6:])["choices"][0]["text"]
+            return "ok" if done and text else "lost"
+        r = await c.post("/v1/translations", json={
+            "input": [str(numbers[i])], "source_lang": "digits", "target_lang": "English",
+            "max_tokens": 8 + i % 24})
+        ok = r.status_code == 200 and r.json()["data"][0]["finish_reason"] in ("stop", "length")
+        return "ok" if ok else "lost"
+
+    async def main():
+        sem = asyncio.Semaphore(SOAK_CONCURRENCY)
+        limits = httpx.Limits(max_connections=SOAK_CONCURRENCY)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as c:
+            async def guarded(i):
+                async with sem:
+                    return await one(c, i)
+            return await asyncio.gather(*(guarded(i) for i in range(SOAK_REQUESTS)))
+
+    start = time.monotonic()
+    results = asyncio.run(main())
+    elapsed = time.monotonic() - start
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        stats = httpx.get(server.url + "/debug/stats").json()
+        if stats["running_requests"] == stats["waiting_requests"] == 0:
+            break
+        time.sleep(0.2)
+    integrity = httpx.get(server.url + "/debug/integrity").json()
+    rss_end = _tree_rss(server.proc.pid)
+    FIGURES["soak"] = {
+        "requests": SOAK_REQUESTS, "concurrency": SOAK_CONCURRENCY,
+        "completed": results.count("ok"), "aborted": results.count("aborted"),
+        "lost": results.count("lost"), "seconds": round(elapsed, 1),
+        "integrity_ok": integrity["ok"], "rss_start_mb": rss_start >> 20,
+        "rss_end_mb": rss_end >> 20}
+    assert results.count("lost") == 0 and integrity["ok"]
+    assert results.count("aborted") == SOAK_REQUESTS // 10
+    assert stats["running_requests"] == 0
+    assert rss_end < rss_start + (400 << 20), FIGURES["soak"]  # no unbounded growth
+
+
+# --- memory pressure -----------------------------------------------------------------------
+def test_tiny_pools_queue_and_retract_but_lose_nothing(server):
+    numbers = [str(n) for n in range(987_000, 987_024)]
+    body = {"input": numbers, "source_lang": "digits", "target_lang": "English",
+            "max_tokens": 20}
+    reference = httpx.post(server.url + "/v1/translations", json=body, timeout=120).json()
+    # 6 pages of decoder K/V for 24 requests that need ~3 each; room for ~5 sources
+    tight = ServerProcess(DEMO, "--page-size", "4", "--max-total-tokens", "24",
+                          "--max-cross-tokens", "60", "--disable-radix-cache")
+    try:
+        r = httpx.post(tight.url + "/v1/translations", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        stats = httpx.get(tight.url + "/debug/stats").json()
+        assert [d["translation"] for d in r.json()["data"]] == [
+            d["translation"] for d in reference["data"]]
+        assert httpx.get(tight.url + "/debug/integrity").json()["ok"]
+        FIGURES["memory_pressure"] = {"requests": len(numbers), "kv_pool_tokens": 24,
+                                      "cross_pool_tokens": 60, "retractions":
+                                      stats["retractions"], "same_output": True}
+        assert stats["retractions"] > 0
+    finally:
+        assert tight.terminate() == 0
+
+
+# --- faults --------------------------------------------------------------------------------
+def _children(srv: ServerProcess) -> dict[str, int]:
+    out = {}
+    for pid in srv.children():
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        out["scheduler" if b"scheduler" in cmd else "detokenizer"] = pid
+    return out
+
+
+@pytest.mark.parametrize("victim", ["scheduler", "detokenizer"])
+def test_a_dead_child_ends_the_server_quickly(victim):
+    srv = ServerProcess(DEMO)
+    try:
+        children = _children(srv)
+        os.kill(children[victim], signal.SIGKILL)
+        start = time.monotonic()
+        code = srv.proc.wait(timeout=10)
+        took = time.monotonic() - start
+        assert code != 0 and f"{victim} process" in srv.output()
+        time.sleep(0.5)
+        orphans = [p for p in children.values() if psutil.pid_exists(p)
+                   and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not orphans
+        FIGURES.setdefault("faults", []).append({"killed": victim, "exit_code": code,
+                                                 "seconds_to_exit": round(took, 2),
+                                                 "orphans": len(orphans)})
+    finally:
+        srv.kill()
+
+
+def test_sigterm_under_load_shuts_down_cleanly():
+    srv = ServerProcess(DEMO)
+    children = _children(srv)
+    results: list = []
+
+    def load():
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            for i in range(200):
+                try:
+                    r = c.post("/v1/translations", json={"input": [str(i)] * 4, "source_lang":
+                                                         "digits", "target_lang": "English"})
+                    results.append(r.status_code)
+                except httpx.HTTPError:
+                    results.append("closed")
+                    return
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    start = time.monotonic()
+    code = srv.terminate(timeout=20)
+    took = time.monotonic() - start
+    for t in threads:
+        t.join(timeout=30)
+    assert code == 0 and took < 15
+    assert not any(t.is_alive() for t in threads)  # every client got an answer or a close
+    assert all(r in (200, 503, "closed") for r in results)
+    time.sleep(0.5)
+    assert not [p for p in children.values() if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    FIGURES.setdefault("faults", []).append({"killed": "SIGTERM under load", "exit_code": code,
+                                             "seconds_to_exit": round(took, 2),
+                                             "requests_answered_before": results.count(200)})
+
+
+# --- limits --------------------------------------------------------------------------------
+LIMIT_CASES = [
+    ("request body", "/v1/completions", {"prompt": "x" * (300 << 10)}, 413, "max_request_bytes"),
+    ("prompt tokens", "/v1/completions", {"prompt": "1 " * 400}, 400, "max_prompt_tokens"),
+    ("max_tokens", "/v1/completions", {"prompt": "1", "max_tokens": 33}, 400,
+     "max_new_tokens_limit"),
+    ("n", "/v1/completions", {"prompt": "1", "n": 5}, 400, "max_n"),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, needle", LIMIT_CASES)
+def test_limits_name_themselves(server, name, path, body, status, needle):
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]["message"]
+    FIGURES.setdefault("limits", []).append({"limit": name, "status": r.status_code})
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "1984", "max_tokens": 4})
+    assert ok.status_code == 200
+
+
+def _png_data_url(size: int) -> str:
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray((np.random.default_rng(size).random((size, size, 3)) * 255)
+                    .astype("uint8")).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_image_limits_and_hostile_images(tmp_path):
+    path = str(write_mllama_checkpoint(tmp_path / "m"))
+    srv = ServerProcess(path, "--max-images-per-request", "2", "--max-image-pixels", "10000")
+    try:
+        def chat(parts):
+            return httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": parts}], "max_tokens": 2})
+
+        small = {"type": "image_url", "image_url": {"url": _png_data_url(40)}}
+        text = {"type": "text", "text": "describe"}
+        cases = {
+            "images per request": ([small] * 3 + [text], "max_images_per_request"),
+            "pixels per image": ([{"type": "image_url", "image_url": {
+                "url": _png_data_url(200)}}, text], "over the limit of 10000"),
+            "truncated image": ([{"type": "image_url", "image_url": {
+                "url": small["image_url"]["url"][:200]}}, text], "image 0"),
+            "remote URL": ([{"type": "image_url", "image_url": {
+                "url": "http://169.254.169.254/latest/meta-data"}}, text], "disabled"),
+            "local file": ([{"type": "image_url", "image_url": {"url": "/etc/hostname"}},
+                            text], "image 0"),
+        }
+        for name, (parts, needle) in cases.items():
+            r = chat(parts)
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], (name, r.text)
+            FIGURES.setdefault("limits", []).append({"limit": name, "status": r.status_code})
+        assert chat([small, text]).status_code == 200
+        assert httpx.get(srv.url + "/debug/integrity").json()["ok"]
+    finally:
+        assert srv.terminate() == 0
+
+
+# --- isolation -----------------------------------------------------------------------------
+def test_isolation_across_users_over_http():
+    srv = ServerProcess(DEMO, "--cache-isolation", "user", "--page-size", "4")
+    try:
+        body = {"input_ids": [13959, 3, 9, 12, 1566, 10, 3, 2534, 4482, 1],
+                "decoder_input_ids": [0, 80, 7523, 3, 15, 18, 386, 6189, 3, 9, 10],
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        first = httpx.post(srv.url + "/generate", json={**body, "user": "alice"}).json()
+        same = httpx.post(srv.url + "/generate", json={**body, "user": "alice"}).json()
+        other = httpx.post(srv.url + "/generate", json={**body, "user": "bob"}).json()
+        assert same["meta_info"]["encoder_cache_hit"] and same["meta_info"]["cached_tokens"] > 0
+        # a cross-user hit would show here
+        assert not other["meta_info"]["encoder_cache_hit"]
+        assert other["meta_info"]["cached_tokens"] == 0
+        assert other["output_ids"] == first["output_ids"]
+        FIGURES["isolation"] = {"same_user_cached_tokens": same["meta_info"]["cached_tokens"],
+                                "other_user_cached_tokens": 0, "cross_user_hits": 0}
+    finally:
+        assert srv.terminate() == 0
+
+
+def test_engine_refuses_bad_limits_at_start():
+    with pytest.raises(ValueError, match="max_n"):
+        Seq2SeqEngine(model_path=DEMO, device="cpu", max_n=0)
