@@ -192,11 +192,12 @@ def _llama3_scaling(divisors, head_dim: int, theta: float) -> dict[str, Any]:
     llama.cpp stores only the divisors; every Llama 3.1+ release uses low 1, high 4 and an
     original context of 8192, with `factor` the largest divisor. Anything else is refused
     rather than guessed."""
+    import numpy as np
     import torch
 
     from seq2serve.models.rotary import rope_inv_freq
 
-    divisors = torch.as_tensor(divisors, dtype=torch.float32)
+    divisors = torch.from_numpy(np.array(divisors, dtype=np.float32))
     scaling = {"rope_type": "llama3", "factor": float(divisors.max()), "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     plain = rope_inv_freq(head_dim, theta, None)
