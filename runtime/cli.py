@@ -15,18 +15,19 @@ _SKIP = {"extra", "model_path"}
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field (--model-path, --device, --dtype, --page-size, ...)."""
-    p.add_argument("--model-path", default=None,
-                   help="local Hugging Face model directory (default: the bundled demo model)")
+    helps = ServerArgs.field_help()
+    p.add_argument("--model-path", default=None, help=helps["model_path"])
     for f in dataclasses.fields(ServerArgs):
         if f.name in _SKIP:
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool",):
-            p.add_argument(flag, action="store_true", default=f.default)
+            p.add_argument(flag, action="store_true", default=f.default, help=helps.get(f.name))
         else:
             kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(
                 f.type, str)
-            p.add_argument(flag, type=kind, default=f.default)
+            p.add_argument(flag, type=kind, default=f.default,
+                           help=f"{helps.get(f.name, '')} (default: {f.default})".lstrip())
 
 
 def server_args_from(ns: argparse.Namespace) -> dict:
@@ -72,13 +73,14 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
 
 
 def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
-    from seq2serve.runtime.demo_checkpoint import write_t5_checkpoint
+    from seq2serve.runtime import demo_checkpoint as demo
 
-    if ns.family != "t5":
-        print(f"unknown family {ns.family!r}", file=sys.stderr)
-        return 2
-    path = write_t5_checkpoint(ns.out, seed=ns.seed, dtype=ns.dtype)
-    print(f"wrote a random-weight T5 v1.1 checkpoint to {path}")
+    write, about = {"t5": (demo.write_t5_checkpoint, "T5 v1.1"),
+                    "llama": (demo.write_llama_checkpoint, "Llama 3"),
+                    "mllama": (demo.write_mllama_checkpoint, "Llama 3.2 Vision (Mllama)")
+                    }[ns.family]
+    path = write(ns.out, seed=ns.seed, dtype=ns.dtype)
+    print(f"wrote a tiny random-weight {about} checkpoint to {path}")
     return 0
 
 
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_parser(b.add_subparsers(dest="bench", required=True))
 
     d = sub.add_parser("demo-checkpoint", help="write a tiny random-weight checkpoint")
-    d.add_argument("--family", default="t5", choices=["t5"])
+    d.add_argument("--family", default="t5", choices=["t5", "llama", "mllama"])
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -11,48 +11,48 @@ ATTENTION_BACKENDS = ("torch_native", "triton")
 
 @dataclass(frozen=True)
 class ServerArgs:
-    model_path: str | None = None  # None: the demo checkpoint (created once in a cache dir)
-    tokenizer_path: str | None = None  # None: the model directory
-    load_format: str = "safetensors"  # "dummy": random weights of the config's shapes
-    device: str | None = None  # None: "cuda" when present, else "cpu"
-    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on the CPU
-    attention_backend: str | None = None  # None: "triton" on CUDA, "torch_native" elsewhere
+    model_path: str | None = None  # local HF checkpoint directory (unset: the bundled demo model)
+    tokenizer_path: str | None = None  # tokenizer directory (unset: the model directory)
+    load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
+    device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
+    dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
+    attention_backend: str | None = None  # triton or torch_native (unset: triton on CUDA)
     page_size: int = 16  # decoder and encoder tokens per KV page
     mem_fraction: float = 0.85  # share of free device memory for weights + pools
-    cross_kv_fraction: float | None = None  # share of the pool budget for cross K/V (None: by size)
-    max_total_tokens: int | None = None  # decoder KV pool size in tokens (None: from the budget)
-    max_cross_tokens: int | None = None  # cross K/V pool size in tokens (None: from the budget)
-    max_running_requests: int = 256
+    cross_kv_fraction: float | None = None  # pool budget share for cross K/V (unset: by size)
+    max_total_tokens: int | None = None  # decoder KV pool size in tokens (unset: from the budget)
+    max_cross_tokens: int | None = None  # cross K/V pool size in tokens (unset: from the budget)
+    max_running_requests: int = 256  # requests decoding at once (more wait in the queue)
     max_prefill_tokens: int = 16384  # decoder tokens admitted by one extend batch
     max_encoder_batch_tokens: int = 16384  # encoder inputs' tokens per encoder pass
-    context_length: int | None = None  # longest decoder sequence (None: the model's, else 2048)
-    max_encoder_len: int | None = None  # longest encoder input (None: the model's, else 2048)
-    random_seed: int = 0
+    context_length: int | None = None  # longest decoder sequence (unset: the model's, else 2048)
+    max_encoder_len: int | None = None  # longest encoder input (unset: the model's, else 2048)
+    random_seed: int = 0  # seeds weights of --load-format dummy and unseeded sampling
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
-    disable_cuda_graph: bool = False  # decode steps replay captured CUDA graphs on GPU
-    disable_overlap_schedule: bool = False  # prepare step N+1 on the host while N runs
+    disable_cuda_graph: bool = False  # run decode steps eagerly instead of replaying CUDA graphs
+    disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
     cuda_graph_max_bs: int = 256  # largest decode batch captured
     # caches
-    disable_radix_cache: bool = False  # decoder prefix reuse
-    disable_encoder_cache: bool = False  # encoder output (cross K/V) reuse
-    cache_isolation: str = "none"  # "user": cached entries never cross users
+    disable_radix_cache: bool = False  # turn off decoder prefix reuse
+    disable_encoder_cache: bool = False  # turn off encoder output (cross K/V) reuse
+    cache_isolation: str = "none"  # none, or user: cached entries never cross users
     encoder_hidden_cache_mb: int = 256  # warm tier: encoder hidden states kept after eviction
-    log_level: str = "warning"
+    log_level: str = "warning"  # debug, info, warning, error
     # request limits (each exceeded limit is a 4xx naming it)
-    max_request_bytes: int = 32 << 20  # HTTP request body
-    max_prompt_tokens: int | None = None  # prompt / encoder input (None: the model's limits)
-    max_new_tokens_limit: int | None = None  # largest max_tokens accepted (None: context)
-    max_n: int = 16  # samples per prompt
+    max_request_bytes: int = 32 << 20  # largest HTTP request body in bytes
+    max_prompt_tokens: int | None = None  # longest prompt / encoder input (unset: the model's)
+    max_new_tokens_limit: int | None = None  # largest max_tokens accepted (unset: the context)
+    max_n: int = 16  # largest n (samples per prompt)
     # images (vision models)
-    max_images_per_request: int = 4
-    max_image_pixels: int = 40_000_000  # width * height of one image
-    allow_remote_media: bool = False  # fetch http(s) image URLs
-    allowed_local_media_path: str | None = None  # server: image file paths only under this dir
+    max_images_per_request: int = 4  # most images in one request
+    max_image_pixels: int = 40_000_000  # largest width * height of one image
+    allow_remote_media: bool = False  # fetch http(s) image URLs (size-capped, with a timeout)
+    allowed_local_media_path: str | None = None  # server: read image file paths under this dir
     # HTTP server
-    host: str = "127.0.0.1"
-    port: int = 30000
+    host: str = "127.0.0.1"  # address the HTTP server binds
+    port: int = 30000  # HTTP port
     api_key: str | None = None  # when set, every endpoint but /health needs "Bearer KEY"
-    served_model_name: str | None = None  # None: the model directory's name
+    served_model_name: str | None = None  # model name in the API (unset: the directory's name)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +86,20 @@ class ServerArgs:
             raise ValueError("encoder_hidden_cache_mb must be a non-negative integer")
         if self.cross_kv_fraction is not None and not 0.0 < self.cross_kv_fraction < 1.0:
             raise ValueError(f"cross_kv_fraction must be in (0, 1), got {self.cross_kv_fraction!r}")
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        """Each field's trailing comment above: the one description the CLI's --help, the
+        README's flag table and this file share."""
+        import inspect
+        import re
+
+        found = {}
+        for line in inspect.getsource(cls).splitlines():
+            m = re.match(r"\s{4}(\w+): [^#]*#\s*(.+)$", line)
+            if m:
+                found[m.group(1)] = m.group(2).strip()
+        return found
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ServerArgs:

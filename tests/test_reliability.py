@@ -30,7 +30,7 @@ from seq2serve.runtime.demo_checkpoint import default_demo_path, write_mllama_ch
 from seq2serve.tests.server_helpers import ServerProcess
 
 FULL = os.environ.get("SEQ2SERVE_RELIABILITY") == "full"
-FUZZ_EXAMPLES = 320 if FULL else 25  # per operation with inputs (7 of the 11 operations)
+FUZZ_EXAMPLES = 450 if FULL else 25  # per operation with inputs (7 of the 11 operations)
 SOAK_REQUESTS = 2000 if FULL else 200
 SOAK_CONCURRENCY = 48 if FULL else 32
 FIGURES: dict = {}
@@ -94,6 +94,8 @@ def test_schema_fuzzing_never_gets_a_5xx(server):
 
 def test_server_healthy_after_fuzzing(server):
     assert FUZZED["requests"] >= 5 * FUZZ_EXAMPLES
+    if FULL:
+        assert FUZZED["requests"] >= 2000
     assert httpx.get(server.url + "/health").status_code == 200
     r = httpx.post(server.url + "/v1/translations", json={
         "input": "1984", "source_lang": "digits", "target_lang": "English"})

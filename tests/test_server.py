@@ -241,9 +241,18 @@ def test_api_key(t5_dir):
     srv = ServerProcess(t5_dir, "--api-key", "s3cret")
     try:
         assert httpx.get(srv.url + "/health").status_code == 200
-        for path in ("/v1/models", "/metrics"):
-            r = httpx.get(srv.url + path)
-            assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        key = {"Authorization": "Bearer s3cret"}
+        schema = httpx.get(srv.url + "/openapi.json", headers=key).json()
+        routes = [(method, path) for path, ops in schema["paths"].items() for method in ops]
+        assert len(routes) >= 11
+        for method, path in routes + [("get", "/openapi.json"), ("get", "/docs")]:
+            for headers in ({}, {"Authorization": "Bearer s3cre"}, {"Authorization": "s3cret"}):
+                r = httpx.request(method, srv.url + path, headers=headers, json={})
+                if path == "/health":
+                    assert r.status_code == 200
+                else:
+                    assert r.status_code == 401 and "API key" in r.json()["error"]["message"], \
+                        (method, path, headers)
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x"},
                        headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401

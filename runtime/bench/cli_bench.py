@@ -139,8 +139,9 @@ def _hf(model_dir: str, reqs, args, batch_size: int) -> list[dict]:
     from seq2serve.runtime.bench.hf_baseline import bench_hf, load_hf_model
 
     out = []
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for mode in args.hf_modes.split(","):
-        model = load_hf_model(model_dir, getattr(torch, args.dtype))
+        model = load_hf_model(model_dir, getattr(torch, args.dtype), device)
         try:
             r = bench_hf(model, model_dir, reqs, batch_size, args.output_len, mode,
                          args.hf_max_batches)
@@ -152,7 +153,8 @@ def _hf(model_dir: str, reqs, args, batch_size: int) -> list[dict]:
               flush=True)
         del model
         gc.collect()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         torch._dynamo.reset()
     return out
 

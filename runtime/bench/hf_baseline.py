@@ -50,6 +50,11 @@ def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
     return inputs
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
              output_len: int, mode: str, max_batches: int | None = None) -> dict:
     """Output tokens/s of `generate` over `reqs` in batches (timing `max_batches` batches and
@@ -65,13 +70,13 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
     with torch.no_grad():
         t0 = time.perf_counter()
         model.generate(**hf_inputs(model_dir, batches[0], device), **gen)  # warm-up / compile
-        torch.cuda.synchronize()
+        _sync(device)
         warmup = time.perf_counter() - t0
         timed = batches[1: 1 + (max_batches or len(batches))] or batches[:1]
         start = time.perf_counter()
         for b in timed:
             model.generate(**hf_inputs(model_dir, b, device), **gen)
-        torch.cuda.synchronize()
+        _sync(device)
         elapsed = time.perf_counter() - start
     tokens = sum(len(b) for b in timed) * output_len
     return {"mode": mode, "batch_size": batch_size, "tokens_per_s": tokens / elapsed,
