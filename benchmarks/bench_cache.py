@@ -52,17 +52,22 @@ def main() -> None:
     words = " ".join(["word"] * (args.prompt_tokens - 3))
     with Seq2SeqEngine(model_path=str(path), device=args.device, **kwargs) as engine:
         info = engine.info
-        engine.generate(prompt="<|image|>" + words, image_data=[_image(0, size, size)],
-                        sampling_params=sp)  # warm-up (compilation, allocator)
-        fresh, cached = [], []
+        for _ in range(2):  # warm-up of both paths (compilation, allocator): fresh, then hit
+            engine.generate(prompt="<|image|>" + words, image_data=[_image(0, size, size)],
+                            sampling_params=sp)
+        fresh, cached, metas = [], [], {"fresh": [], "cached": []}
         for t in range(args.trials):
             img = _image(t + 1, size, size)
-            for bucket in (fresh, cached):
+            for bucket, name in ((fresh, "fresh"), (cached, "cached")):
                 start = time.perf_counter()
                 out = engine.generate(prompt="<|image|>" + words, image_data=[img],
                                       sampling_params=sp)
                 bucket.append(time.perf_counter() - start)
-                assert out["meta_info"]["encoder_cache_hit"] == (bucket is cached)
+                m = out["meta_info"]
+                assert m["encoder_cache_hit"] == (bucket is cached)
+                metas[name].append({k: m.get(k) for k in (
+                    "ttft", "scheduler_ttft", "e2e_latency", "cached_tokens", "prompt_tokens")})
+        print(json.dumps(metas, indent=1))
     res = {"shape": args.shape or "tiny-mllama", "device": info["device"],
            "dtype": info["dtype"], "ttft_fresh_ms": statistics.median(fresh) * 1e3,
            "ttft_cached_ms": statistics.median(cached) * 1e3}

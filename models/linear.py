@@ -3,6 +3,8 @@ tensors (fused q/k/v, gate/up): the loader copies each shard into its rows."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,4 +21,13 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(total), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2 and x.shape[0] <= _GEMV_MAX_M:
+            from seq2serve.models.triton_gemv import gemv
+
+            return gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+# decode GEMMs of at most this many rows go to the Triton GEMV on CUDA (0: always cuBLAS);
+# it beats cuBLAS at 1 row on every mT5-large shape, loses at 2-4 (benchmarks/bench_gemv.py)
+_GEMV_MAX_M = int(os.environ.get("SEQ2SERVE_GEMV_MAX_M", "1"))

@@ -124,7 +124,8 @@ def test_readme_examples_run(tmp_path):
     work.mkdir()
 
     def rewrite(text: str) -> str:
-        text = text.replace(".venv/bin/", f"{BIN}/").replace("/tmp/", f"{work}/")
+        # /tmp/ first: this interpreter may itself live under /tmp (CI's cached venv)
+        text = text.replace("/tmp/", f"{work}/").replace(".venv/bin/", f"{BIN}/")
         return re.sub(r"\b3000[01]\b", lambda m: ports[m.group(0)], text)
 
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}

@@ -57,3 +57,40 @@ def test_store_kv_matches_index_put(heads, dim):
     ref_k[loc], ref_v[loc] = k, v
     torch.testing.assert_close(k_buf, ref_k, equal_nan=True)
     torch.testing.assert_close(v_buf, ref_v, equal_nan=True)
+
+
+@pytest.mark.parametrize("m, n, k, block_n, block_k", [
+    (1, 37, 64, 8, 32), (2, 64, 100, 4, 64), (3, 130, 48, 16, 16), (4, 16, 256, 2, 256)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_linear(m, n, k, block_n, block_k, with_bias):
+    from seq2serve.models.triton_gemv import gemv
+
+    g = torch.Generator().manual_seed(m * n * k)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    w = torch.randn(n, k, generator=g).to(DEVICE)
+    b = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
+    ref = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(gemv(x, w, b, block_n=block_n, block_k=block_k), ref,
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_gemv_refuses_what_it_does_not_handle():
+    from seq2serve.models.triton_gemv import gemv
+
+    with pytest.raises(ValueError, match="gemv takes"):
+        gemv(torch.zeros(5, 8), torch.zeros(4, 8), block_n=2, block_k=8)
+    with pytest.raises(ValueError, match="gemv takes"):
+        gemv(torch.zeros(1, 8), torch.zeros(8, 4).t(), block_n=2, block_k=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (autotuned path)")
+@pytest.mark.parametrize("m, n, k", [(1, 3072, 1024), (2, 5632, 1024), (4, 1024, 2816),
+                                     (1, 250112, 1024)])
+def test_gemv_autotuned_bf16(m, n, k):
+    from seq2serve.models.triton_gemv import gemv
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    torch.testing.assert_close(gemv(x, w).float(), ref, atol=2e-2, rtol=2e-2)
