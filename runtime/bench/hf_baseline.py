@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import torch
+from tqdm import tqdm
 
 from seq2serve.runtime.bench.workload import BenchRequest
 
@@ -74,7 +75,7 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
         warmup = time.perf_counter() - t0
         timed = batches[1: 1 + (max_batches or len(batches))] or batches[:1]
         start = time.perf_counter()
-        for b in timed:
+        for b in tqdm(timed, desc=f"HF generate ({mode})", unit="batch", disable=None):
             model.generate(**hf_inputs(model_dir, b, device), **gen)
         _sync(device)
         elapsed = time.perf_counter() - start

@@ -69,12 +69,17 @@ async def run_load(base_url: str, num_requests: int, input_len: int, output_len:
     sem = asyncio.Semaphore(concurrency or num_requests)
     limits = httpx.Limits(max_connections=concurrency or num_requests)
 
+    from tqdm import tqdm
+
+    bar = tqdm(total=num_requests, desc="requests", unit="req", disable=None)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         async def task(i: int) -> RequestRecord:
             async with sem:
                 body = {"prompt": prompts[i], "max_tokens": output_len, "stream": True,
                         "temperature": 0, "ignore_eos": True}
-                return await _one(client, url, body, headers)
+                record = await _one(client, url, body, headers)
+                bar.update()
+                return record
 
         start = time.perf_counter()
         jobs = []
@@ -84,6 +89,7 @@ async def run_load(base_url: str, num_requests: int, input_len: int, output_len:
                 await asyncio.sleep(rng.expovariate(rate))
         records = await asyncio.gather(*jobs)
         elapsed = time.perf_counter() - start
+    bar.close()
     ok = [r for r in records if r.ok]
     tokens = sum(r.tokens for r in ok)
     return {
