@@ -29,8 +29,10 @@ serve: setup
 generate: setup
 	$(BIN)/seq2serve generate $(ARGS)
 
+# `python -m pytest`, not bin/pytest: a reused virtualenv (CI links one in) keeps the script
+# shebangs of the checkout that installed it
 test: setup
-	$(BIN)/pytest -q -m "not gpu"
+	$(BIN)/python -m pytest -q -m "not gpu"
 
 clean:
 	rm -rf $(VENV) build *.egg-info
