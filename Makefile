@@ -12,7 +12,7 @@ setup: $(STAMP)
 # Dependencies, reinstalled only when pyproject.toml or constraints.txt change. Without an
 # NVIDIA driver, torch comes as the CPU build (never the multi-GB CUDA wheels).
 $(STAMP):
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
 		$(BIN)/python -m pip install -q torch; \

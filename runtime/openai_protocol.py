@@ -29,25 +29,31 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class CompletionRequest(SGLangExtras):
+class _OpenAISampling(SGLangExtras):
+    """The fields completions and chat completions share. `n` has no upper bound here: the
+    server's --max-n limit applies (a 400 naming it)."""
+
     model: str | None = None
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1)
     stop: Stop = None
     seed: int | None = Field(default=None, ge=0)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool = False
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 class ChatMessage(_Body):
@@ -55,24 +61,12 @@ class ChatMessage(_Body):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(SGLangExtras):
-    model: str | None = None
+class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=16)
-    stop: Stop = None
-    seed: int | None = Field(default=None, ge=0)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    user: str | None = None
-    logit_bias: dict[str, float] | None = None
     tools: list[dict[str, Any]] | None = None
 
 

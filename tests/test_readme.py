@@ -108,10 +108,12 @@ class _Servers:
     def stop(self) -> list[int]:
         codes = []
         for proc, direct in self.procs:
-            if proc.poll() is None:
+            if proc.poll() is None and direct:
+                proc.terminate()
+            elif proc.poll() is None:
                 # `make serve`: make and the server share a session; the server is the one
                 # that must stop cleanly (make itself dies of the signal)
-                os.killpg(proc.pid, signal.SIGTERM) if not direct else proc.terminate()
+                os.killpg(proc.pid, signal.SIGTERM)
             code = proc.wait(timeout=60)
             if direct:
                 codes.append(code)

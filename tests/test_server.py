@@ -151,6 +151,9 @@ BAD = [
     ("/v1/completions", {"prompt": "word " * 5000}, 400, "longer than"),
     ("/v1/completions", {"prompt": []}, 400, "empty"),
     ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, 400, "max_n"),  # the server's limit (16)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 17}, 400,
+     "max_n"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_new_tokens"),
     ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop"),
     ("/v1/completions", {"prompt": "x", "top_k": -7}, 400, "top_k"),
@@ -297,3 +300,16 @@ def test_cache_reporting_and_flush(server):
     assert stats["encoder_cache_entries"] == 0 and stats["radix_cache_tokens"] == 0
     after = httpx.post(server.url + "/generate", json=body).json()
     assert not after["meta_info"]["encoder_cache_hit"]
+
+
+def test_max_n_flag_sets_the_limit(t5_dir):
+    srv = ServerProcess(t5_dir, "--max-n", "20")
+    try:
+        body = {"prompt": "hi", "max_tokens": 2}
+        r = httpx.post(srv.url + "/v1/completions", json={**body, "n": 18})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 18, r.text
+        r = httpx.post(srv.url + "/v1/completions", json={**body, "n": 21})
+        assert r.status_code == 400 and "max_n" in r.json()["error"]["message"]
+        assert httpx.get(srv.url + "/debug/integrity").json()["ok"]
+    finally:
+        assert srv.terminate() == 0
