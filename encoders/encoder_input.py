@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -10,13 +11,39 @@ import torch
 @dataclass
 class ImageFeatures:
     """One image, preprocessed by the checkpoint's image processor (set by the tokenizer
-    manager). Its cross K/V are `num_tokens` long: only the real tiles are kept."""
+    manager). Its cross K/V are `num_tokens` long: only the real tiles are kept.
 
-    pixel_values: torch.Tensor = field(repr=False)  # [max_tiles, C, H, W] float32
+    `pixel_values` is None when the image is sent by reference: the tokenizer manager sent
+    its pixels before, so the scheduler should have its encoder output cached under `key`
+    (if it has not, it asks for the pixels: see `TokenOutput.need_pixels`)."""
+
+    pixel_values: torch.Tensor | None = field(repr=False)  # [max_tiles, C, H, W]
     aspect_ratio_id: int
     num_tiles: int
     num_tokens: int
     key: str  # content hash of model, image bytes and processor settings
+
+    def by_reference(self) -> ImageFeatures:
+        return dataclasses.replace(self, pixel_values=None)
+
+    # pickled for the trip to the scheduler: the pixels as raw bytes, which (un)pickle at
+    # memory speed, where a tensor's own pickling takes milliseconds for a 4-tile image
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        px = state.pop("pixel_values")
+        if px is not None:
+            px = px.contiguous()
+            state["pixels"] = (px.view(torch.uint8).numpy().tobytes(), px.dtype, px.shape)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        raw = state.pop("pixels", None)
+        self.__dict__.update(state)
+        self.pixel_values = None
+        if raw is not None:
+            data, dtype, shape = raw
+            self.pixel_values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(
+                dtype).reshape(shape)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import hashlib
 import io
 import os
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
@@ -31,12 +32,22 @@ class MediaPolicy:
 
 def load_image(src: object, policy: MediaPolicy) -> tuple[Image.Image, bytes]:
     """(decoded RGB-able image, the bytes that identify it for caching)."""
+    ident, decode = read_image(src, policy)
+    return decode(), ident
+
+
+def read_image(src: object, policy: MediaPolicy) -> tuple[bytes, Callable[[], Image.Image]]:
+    """(the bytes that identify the image for caching, a function decoding it): a repeated
+    image is recognized by its encoded bytes, without decoding it again."""
     if isinstance(src, Image.Image):
         _check_pixels(src.size, policy)
         ident = src.mode.encode() + repr(src.size).encode() + src.tobytes()
-        return src, ident
+        return ident, lambda: src
     if isinstance(src, (bytes, bytearray)):
-        return _decode(bytes(src), policy), bytes(src)
+        data = bytes(src)
+        if len(data) > policy.max_bytes:
+            raise ValueError(f"the image is larger than {policy.max_bytes} bytes")
+        return data, lambda: _decode(data, policy)
     if not isinstance(src, str):
         raise ValueError(f"unsupported image input of type {type(src).__name__}")
     if src.startswith("data:"):
@@ -52,15 +63,18 @@ def load_image(src: object, policy: MediaPolicy) -> tuple[Image.Image, bytes]:
         raise ValueError(f"unsupported image URL scheme in {src[:40]!r} (use http(s) or data:)")
     else:
         data = _b64(src)
-    return _decode(data, policy), data
+    if len(data) > policy.max_bytes:
+        raise ValueError(f"the image is larger than {policy.max_bytes} bytes")
+    return data, lambda: _decode(data, policy)
 
 
 def image_key(model_id: str, ident: bytes, settings: str) -> str:
-    """Content hash of an image for the encoder cache: model, bytes, processor settings."""
-    h = hashlib.blake2b(digest_size=16)
+    """Content hash of an image for the encoder cache: model, bytes, processor settings.
+    SHA-256 (hardware-accelerated on x86 and ARM): twice blake2b's speed on image bytes."""
+    h = hashlib.sha256()
     for part in (model_id.encode(), b"\0image\0", settings.encode(), b"\0", ident):
         h.update(part)
-    return h.hexdigest()
+    return h.hexdigest()[:32]
 
 
 def _looks_like_path(src: str, policy: MediaPolicy) -> bool:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
+from PIL import Image
 
 from seq2serve.encoders.encoder_input import ImageFeatures
 from seq2serve.encoders.image_loader import image_key
@@ -33,12 +35,14 @@ class ImageProcessor:
         self.memo_size = memo_size
         self.lock = threading.Lock()
 
-    def __call__(self, image, ident: bytes) -> ImageFeatures:
+    def __call__(self, ident: bytes, decode: Callable[[], Image.Image]) -> ImageFeatures:
+        """Features of the image identified by `ident`; `decode` runs only on a memo miss."""
         key = image_key(self.model_id, ident, self.settings)
         with self.lock:
             if key in self.memo:
                 self.memo.move_to_end(key)
                 return self.memo[key]
+        image = decode()
         out = self.hf(images=[[image.convert("RGB") if image.mode != "RGB" else image]],
                       return_tensors="pt")
         num_tiles = int(out["num_tiles"][0][0])

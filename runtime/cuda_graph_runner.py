@@ -5,6 +5,10 @@ copy and one graph launch instead of a thousand kernel launches.
 
 A replay pads the batch to its bucket with a dummy request (a table row of its own, scratch
 KV page 0, no encoder keys); encoder lengths, decoder lengths and key ranges are graph inputs.
+
+Short prefills replay the same graphs, one row per new token (`forward_batch.decode_rows`):
+a cached image's 16-token prompt, or T5's one start token per request, then costs one graph
+launch instead of an eager pass whose ~850 kernel launches take longer than the GPU's work.
 """
 
 from __future__ import annotations
@@ -26,13 +30,20 @@ _FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_l
 
 
 class CudaGraphRunner:
-    def __init__(self, runner, max_bs: int) -> None:
+    def __init__(self, runner, max_bs: int, max_prefill_tokens: int = 0) -> None:
         self.runner = runner
+        self.max_decode_bs = max_bs
+        self.max_prefill_tokens = max_prefill_tokens
+        max_bs = max(max_bs, max_prefill_tokens)
         self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
         self.max_bs = max_bs
         self.ranged = runner.uses_cross_ranges  # Mllama: per-request image key ranges
         n = len(_FIELDS)
-        self.host = torch.zeros((n, max_bs), dtype=torch.int64, pin_memory=True)
+        # two pinned staging buffers, used in turn: with the overlap schedule the next step
+        # is staged while the copy of this one may still be queued behind the running graph
+        self.hosts = [torch.zeros((n, max_bs), dtype=torch.int64, pin_memory=True)
+                      for _ in range(2)]
+        self.host = self.hosts[0]
         self.dev = torch.zeros((n, max_bs), dtype=torch.int64, device=runner.device)
         self.row = {name: i for i, name in enumerate(_FIELDS)}
         self.pad = {"req_pool_indices": runner.req_to_token_pool.dummy_row, "seq_lens": 1}
@@ -43,7 +54,16 @@ class CudaGraphRunner:
         self._capture()
 
     def can_run(self, wb: ModelWorkerBatch) -> bool:
-        return (wb.forward_mode is ForwardMode.DECODE and len(wb.req_pool_indices) <= self.max_bs
+        return (wb.forward_mode is ForwardMode.DECODE
+                and len(wb.req_pool_indices) <= self.max_decode_bs
+                and (wb.cross_kv_start is not None) == self.ranged)
+
+    def can_run_prefill(self, wb: ModelWorkerBatch) -> bool:
+        """An EXTEND batch short enough to replay as decode rows (one per new token); a batch
+        of one token per request (T5's start tokens) is a decode batch in all but name."""
+        tokens = sum(wb.extend_lens)
+        limit = self.max_decode_bs if tokens == len(wb.extend_lens) else self.max_prefill_tokens
+        return (wb.forward_mode is ForwardMode.EXTEND and 0 < tokens <= limit
                 and (wb.cross_kv_start is not None) == self.ranged)
 
     # --- capture -----------------------------------------------------------------------------
@@ -108,6 +128,7 @@ class CudaGraphRunner:
         """(logits [bs, vocab], greedy ids [bs]) of a decode batch."""
         bs = len(wb.req_pool_indices)
         bucket = next(b for b in self.buckets if b >= bs)
+        self.host = self.hosts[1] if self.host is self.hosts[0] else self.hosts[0]
         h, row = self.host, self.row
         if wb.input_ids_device is None:
             h[row["input_ids"], :bs] = wb.input_ids

@@ -25,7 +25,7 @@ class DetokenizerManager:
 
     def handle(self, batch: BatchTokenOutput) -> None:
         for out in batch.outputs:
-            if out.error is not None:
+            if out.error is not None or out.need_pixels:
                 continue
             state = self.states.get(out.rid)
             if state is None:

@@ -126,3 +126,26 @@ class ForwardBatch:
             attn_backend=attn_backend,
         )
         return fb
+
+
+def decode_rows(b: ModelWorkerBatch) -> tuple[ModelWorkerBatch, torch.Tensor]:
+    """A short EXTEND batch recast as a DECODE batch of one row per new token, so that it can
+    replay the decode CUDA graphs. The row of a token at position p reads keys [0, p] of its
+    request's table row; every layer writes the K/V of all rows before any row attends, so
+    those keys are the prefix and the earlier new tokens: causal attention, exactly. Cross
+    keys are per token already. Returns the batch and the row of each request's last token
+    (the rows to sample)."""
+    lens = torch.tensor(b.extend_lens)
+    rows = ModelWorkerBatch(
+        forward_mode=ForwardMode.DECODE,
+        input_ids=b.input_ids,
+        positions=b.positions,
+        out_cache_loc=b.out_cache_loc,
+        req_pool_indices=torch.tensor(b.req_pool_indices).repeat_interleave(lens).tolist(),
+        seq_lens=(b.positions + 1).tolist(),
+        extend_lens=[1] * len(b.positions),
+        encoder_lens=torch.tensor(b.encoder_lens).repeat_interleave(lens).tolist(),
+        cross_kv_start=b.cross_kv_start,
+        cross_kv_end=b.cross_kv_end,
+    )
+    return rows, torch.cumsum(lens, 0) - 1

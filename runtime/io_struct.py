@@ -63,6 +63,9 @@ class TokenOutput:
     new_logprobs: list[float] | None = None
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # set when the scheduler refused the request (bad input)
+    # set when an image sent by reference is no longer cached: the scheduler dropped the
+    # request and the tokenizer manager sends it again with every image's pixels
+    need_pixels: bool = False
     # what the detokenizer needs to know about the request
     stop: list[str] = field(default_factory=list)
     skip_special_tokens: bool = True

@@ -11,7 +11,8 @@ import torch
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.models.loader import load_model
 from seq2serve.runtime.attention import create_backend
-from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
+from seq2serve.runtime.forward_batch import (ForwardBatch, ForwardMode, ModelWorkerBatch,
+                                             decode_rows)
 from seq2serve.runtime.memory.budget import available_bytes, plan_pools
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
@@ -64,7 +65,8 @@ class ModelRunner:
             from seq2serve.runtime.cuda_graph_runner import CudaGraphRunner
 
             self.graph_runner = CudaGraphRunner(
-                self, min(args.cuda_graph_max_bs, args.max_running_requests))
+                self, min(args.cuda_graph_max_bs, args.max_running_requests),
+                args.cuda_graph_max_prefill_tokens)
 
     def _init_pools(self) -> None:
         a, arch = self.args, self.model_config.arch
@@ -109,9 +111,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, wb: ModelWorkerBatch) -> ForwardOutput:
-        if self.graph_runner is not None and self.graph_runner.can_run(wb):
-            logits, greedy = self.graph_runner.replay(wb)
-            return self._sample(logits, greedy, wb)
+        if self.graph_runner is not None:
+            if self.graph_runner.can_run(wb):
+                logits, greedy = self.graph_runner.replay(wb)
+                return self._sample(logits, greedy, wb)
+            if self.graph_runner.can_run_prefill(wb):
+                rows, last = decode_rows(wb)
+                logits, greedy = self.graph_runner.replay(rows)
+                last = last.to(logits.device, non_blocking=True)
+                return self._sample(logits[last], greedy[last], wb)
         fb = ForwardBatch.from_worker_batch(wb, self.device, self.pools, self.attn_backend)
         if fb.forward_mode is ForwardMode.ENCODE:
             self.attn_backend.init_forward_metadata(fb)

@@ -21,7 +21,7 @@ from seq2serve.encoders.encoder_stage import EncoderStage
 from seq2serve.runtime.forward_batch import ForwardMode
 from seq2serve.runtime.io_struct import TokenizedRequest, TokenOutput
 from seq2serve.runtime.memory.radix_cache import RadixCache
-from seq2serve.runtime.memory.request_memory import RequestMemory
+from seq2serve.runtime.memory.request_memory import PixelsNeeded, RequestMemory
 from seq2serve.runtime.model_config import ModelConfig
 from seq2serve.runtime.req import EncoderSegment, FinishReason, Req
 from seq2serve.runtime.sampling_batch import SamplingBatch
@@ -77,6 +77,8 @@ class Scheduler:
         self.overlap = not args.disable_overlap_schedule
         self.wait_seconds = 0.0
         self.in_flight: _InFlight | None = None
+        self.notices: list[TokenOutput] = []  # requests sent back for their images' pixels
+        self.num_pixel_requests = 0
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -155,6 +157,12 @@ class Scheduler:
         on the device before the previous step's tokens are read back and processed, so the
         host's bookkeeping runs while the device computes. Outputs then lag by one step, and
         a request that just finished may compute one extra token, which is dropped."""
+        outputs = self._step()
+        if self.notices:
+            outputs, self.notices = self.notices + outputs, []
+        return outputs
+
+    def _step(self) -> list[TokenOutput]:
         admitted, jobs = self._admit()
         if admitted:
             outputs = self._flush()
@@ -225,7 +233,13 @@ class Scheduler:
                 break
             # keep a page free for every running request's next decode step
             reserve = len(self.running) + len(admitted)
-            req_jobs = self.memory.admit(req, reserve_pages=reserve)
+            try:
+                req_jobs = self.memory.admit(req, reserve_pages=reserve)
+            except PixelsNeeded:  # its cached image was evicted: the sender has the pixels
+                self.waiting.popleft()
+                self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[], need_pixels=True))
+                self.num_pixel_requests += 1
+                continue
             if req_jobs is None:
                 break
             self.waiting.popleft()
@@ -338,6 +352,7 @@ class Scheduler:
             "forwards": len(self.batch_log),
             "max_batch_size": max((n for m, n in self.batch_log if m == "decode"), default=0),
             "retractions": self.num_retractions,
+            "pixel_requests": self.num_pixel_requests,  # images by reference no longer cached
             "host_wait_seconds": self.wait_seconds,
             **self.memory.usage(),
         }

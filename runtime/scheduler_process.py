@@ -57,6 +57,8 @@ def scheduler_info(scheduler: Scheduler) -> dict:
         "max_encoder_len": runner.max_encoder_len,
         "kv_capacity_tokens": mem.token_to_kv.capacity_tokens,
         "cross_capacity_tokens": 0 if mem.cross_kv is None else mem.cross_kv.capacity_tokens,
+        # repeated images may then be sent by reference (without their pixels)
+        "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
         "device": runner.device,
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention_backend": runner.backend_name,

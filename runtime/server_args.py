@@ -32,6 +32,7 @@ class ServerArgs:
     disable_cuda_graph: bool = False  # run decode steps eagerly instead of replaying CUDA graphs
     disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
     cuda_graph_max_bs: int = 256  # largest decode batch captured
+    cuda_graph_max_prefill_tokens: int = 32  # shorter prefills replay decode graphs (0: never)
     # caches
     disable_radix_cache: bool = False  # turn off decoder prefix reuse
     disable_encoder_cache: bool = False  # turn off encoder output (cross K/V) reuse
@@ -82,8 +83,10 @@ class ServerArgs:
         if self.cache_isolation not in ("none", "user"):
             raise ValueError(f"cache_isolation must be 'none' or 'user', "
                              f"got {self.cache_isolation!r}")
-        if not isinstance(self.encoder_hidden_cache_mb, int) or self.encoder_hidden_cache_mb < 0:
-            raise ValueError("encoder_hidden_cache_mb must be a non-negative integer")
+        for name in ("encoder_hidden_cache_mb", "cuda_graph_max_prefill_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.cross_kv_fraction is not None and not 0.0 < self.cross_kv_fraction < 1.0:
             raise ValueError(f"cross_kv_fraction must be in (0, 1), got {self.cross_kv_fraction!r}")
 

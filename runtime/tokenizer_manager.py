@@ -10,8 +10,9 @@ import logging
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
-from seq2serve.encoders.image_loader import MediaPolicy, load_image
+from seq2serve.encoders.image_loader import MediaPolicy, read_image
 from seq2serve.runtime.generate_request import GenerateReqInput
 from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
                                          ControlRequest, TokenizedRequest, TokenOutput)
@@ -27,6 +28,8 @@ from seq2serve.runtime.ipc import IpcNames, socket
 from seq2serve.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+_SHIPPED_MEMORY = 4096  # image keys remembered as sent to the scheduler
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class _ReqState:
     first_token: float | None = None
     last_token: float | None = None
     finished: bool = False
+    request: TokenizedRequest | None = None  # as tokenized, every image's pixels included
 
 
 class TokenizerManager:
@@ -84,6 +88,10 @@ class TokenizerManager:
             self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                                  thread_name_prefix="seq2serve-images")
         self.states: dict[str, _ReqState] = {}
+        # (user, image key) of images whose pixels the scheduler was sent: repeats of them go
+        # by reference, and the scheduler asks for the pixels again if it no longer has them
+        self.shipped: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.by_reference = bool(info.get("encoder_cache"))
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
         self.metrics = None  # a ServerMetrics when serving HTTP
@@ -151,10 +159,10 @@ class TokenizerManager:
         def one(i_src):
             i, src = i_src
             try:
-                image, ident = load_image(src, self.media_policy)
+                ident, decode = read_image(src, self.media_policy)
+                return self.image_processor(ident, decode)
             except ValueError as e:
                 raise ValueError(f"image {i}: {e}") from None
-            return self.image_processor(image, ident)
 
         flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
         done = iter(list(self.image_pool.map(one, flat)))
@@ -244,12 +252,12 @@ class TokenizerManager:
             _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
         else:
             _, reqs = self.tokenize(obj)
-        states = [_ReqState(rid=r.rid, index=i) for i, r in enumerate(reqs)]
+        states = [_ReqState(rid=r.rid, index=i, request=r) for i, r in enumerate(reqs)]
         for s in states:
             self.states[s.rid] = s
         try:
             for r in reqs:
-                self.send_to_scheduler.send_pyobj(r)
+                self.send_to_scheduler.send_pyobj(self._on_the_wire(r))
             if obj.stream:
                 async for chunk in self._stream(states, obj.return_logprob):
                     yield chunk
@@ -261,6 +269,33 @@ class TokenizerManager:
                 if not s.finished and self.dead_reason is None:
                     self.send_to_scheduler.send_pyobj(AbortRequest(s.rid))
                 self.states.pop(s.rid, None)
+
+    def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
+        """The request as sent: images whose pixels the scheduler already got go by reference
+        (a 4-tile image is ~8 MB of pixels to pickle and copy between processes)."""
+        if not r.images or not self.by_reference:
+            return r
+        images = []
+        for img in r.images:
+            key = (r.user or "", img.key)
+            if key in self.shipped:
+                self.shipped.move_to_end(key)
+                images.append(img.by_reference())
+            else:
+                self.shipped[key] = None
+                images.append(img)
+        while len(self.shipped) > _SHIPPED_MEMORY:
+            self.shipped.popitem(last=False)
+        return dataclasses.replace(r, images=images)
+
+    def _send_pixels(self, rid: str) -> None:
+        """The scheduler no longer has an image sent by reference: send it all again."""
+        s = self.states.get(rid)
+        if s is None or s.finished or s.request is None:
+            return  # the caller went away meanwhile
+        for img in s.request.images:
+            self.shipped[(s.request.user or "", img.key)] = None
+        self.send_to_scheduler.send_pyobj(s.request)
 
     async def _next(self, s: _ReqState) -> TokenOutput:
         out = await s.queue.get()
@@ -372,6 +407,9 @@ class TokenizerManager:
             msg = await self.recv_from_detokenizer.recv_pyobj()
             if isinstance(msg, BatchTokenOutput):
                 for out in msg.outputs:
+                    if out.need_pixels:
+                        self._send_pixels(out.rid)
+                        continue
                     s = self.states.get(out.rid)
                     if s is not None:
                         s.queue.put_nowait(out)

@@ -14,6 +14,10 @@ from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.req import EncoderSegment, Req
 
 
+class PixelsNeeded(Exception):
+    """An image sent by reference (no pixels) is not in the encoder cache any more."""
+
+
 @dataclass
 class EncoderJob:
     """Cross K/V the encoder stage must still write for one cache entry."""
@@ -75,7 +79,8 @@ class RequestMemory:
         """Give `req` a table row, its cross K/V (from the encoder cache where it can) and
         decoder pages for its whole current sequence (reusing a cached prefix where it can),
         keeping `reserve_pages` free for others. Returns the encoder work still to do, or
-        None with nothing held when memory is short."""
+        None with nothing held when memory is short; raises PixelsNeeded (nothing held) when
+        an image sent by reference is no longer cached."""
         if self.req_to_token.num_free == 0:
             return None
         jobs: list[EncoderJob] = []
@@ -110,17 +115,27 @@ class RequestMemory:
         return jobs
 
     def _acquire_cross(self, req: Req) -> list[EncoderJob] | None:
-        jobs = []
-        for seg in req.segments:
-            got = self.encoder_cache.acquire((req.namespace[0], seg.key), seg.length)
-            if got is None:
-                self._release_cross(req)
-                return None
-            entry, work = got
-            req.cross_entries.append(entry)
-            if work is not EncodeWork.NONE:
-                jobs.append(EncoderJob(entry, work, seg))
-        return jobs
+        """Raises PixelsNeeded (nothing held) if an image sent without pixels must be encoded."""
+        cache, ns, segs = self.encoder_cache, req.namespace[0], req.segments
+        # cached inputs first: making room for a new one evicts unused entries, which must
+        # not be the ones this request is about to use
+        order = sorted(range(len(segs)), key=lambda i: (ns, segs[i].key) not in cache.entries)
+        got: dict[int, tuple[EncoderCacheEntry, EncodeWork]] = {}
+        for i in order:
+            acquired = cache.acquire((ns, segs[i].key), segs[i].length)
+            if acquired is None:
+                break
+            got[i] = acquired
+        req.cross_entries = [got[i][0] for i in sorted(got)]
+        if len(got) < len(segs):
+            self._release_cross(req)
+            return None
+        if any(got[i][1] is EncodeWork.ENCODE and seg.image is not None
+               and seg.image.pixel_values is None for i, seg in enumerate(segs)):
+            self._release_cross(req)
+            raise PixelsNeeded(req.rid)
+        return [EncoderJob(entry, work, seg) for seg, (entry, work) in
+                ((segs[i], got[i]) for i in range(len(segs))) if work is not EncodeWork.NONE]
 
     def _release_cross(self, req: Req) -> None:
         for e in req.cross_entries:
