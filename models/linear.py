@@ -21,11 +21,30 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(total), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2 and x.shape[0] <= _GEMV_MAX_M:
+        if uses_gemv(x):
             from seq2serve.models.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def uses_gemv(x: torch.Tensor) -> bool:
+    """Whether a Linear sends these rows to the Triton GEMV (few rows, on CUDA)."""
+    return x.is_cuda and x.dim() == 2 and x.shape[0] <= _GEMV_MAX_M
+
+
+def norm_linear(norm, linear: Linear, x: torch.Tensor, residual: torch.Tensor | None = None):
+    """(linear(norm(x + residual)), x + residual), or (linear(norm(x)), x) without a residual:
+    a pre-norm sublayer's input projection. For GEMV-sized batches the norm (and the add) run
+    in the GEMV's prologue, one kernel instead of two."""
+    if uses_gemv(x):
+        from seq2serve.models.triton_gemv import norm_gemv
+
+        return norm_gemv(x, norm.weight, norm.eps, linear.weight, linear.bias, residual)
+    if residual is None:
+        return linear(norm(x)), x
+    normed, x = norm(x, residual=residual)
+    return linear(normed), x
 
 
 # decode GEMMs of at most this many rows go to the Triton GEMV on CUDA (0: always cuBLAS);

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seq2serve.models.linear import Linear
+from seq2serve.models.linear import Linear, uses_gemv
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -25,8 +25,16 @@ class MLP(nn.Module):
         self.down = Linear(intermediate, hidden)
         self.act = ACTIVATIONS[activation]
 
+    @property
+    def in_proj(self) -> Linear:
+        return self.up
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.up(x)))
+        return self.after_in_proj(self.up(x))
+
+    def after_in_proj(self, h: torch.Tensor) -> torch.Tensor:
+        """The rest of the block, from in_proj's output (callers fusing a norm into it)."""
+        return self.down(self.act(h))
 
 
 class GatedMLP(nn.Module):
@@ -38,8 +46,19 @@ class GatedMLP(nn.Module):
         self.activation = activation
         self.intermediate = intermediate
 
+    @property
+    def in_proj(self) -> Linear:
+        return self.gate_up
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up(x)
+        return self.after_in_proj(self.gate_up(x))
+
+    def after_in_proj(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """down(act(gate) * up) from in_proj's output [gate | up]."""
+        if uses_gemv(gate_up):  # the activation in the down GEMV's prologue
+            from seq2serve.models.triton_gemv import gated_gemv
+
+            return gated_gemv(gate_up, self.activation, self.down.weight, self.down.bias)
         if gate_up.is_cuda and gate_up.dim() == 2:  # one fused kernel for act(gate) * up
             from seq2serve.models.triton_ops import gated_activation
 

@@ -1,4 +1,5 @@
-"""y = x @ W.T (+ b) for a handful of rows: the decode GEMMs of a small batch.
+"""y = x @ W.T (+ b) for a handful of rows: the decode GEMMs of a small batch, with the small
+op before each folded into its prologue.
 
 At batch 1 a decode step is a chain of matrix-vector products whose cost is reading the
 weights once; cuBLAS's small-M kernels reach well under the card's copy bandwidth on these
@@ -8,6 +9,13 @@ in float32 and writes BLOCK_N outputs per row: no tensor cores, no split-K, just
 programs to keep the memory system busy. The block shape is autotuned per (N, K, M) on CUDA
 (the first call of each shape runs outside CUDA-graph capture: the graph runner warms every
 bucket up first); `F.linear` remains the reference and the CPU path.
+
+What comes before a decoder GEMM is an RMS norm (with the previous sublayer's residual add)
+or a gated activation: each is a tiny kernel whose launch costs as much as the GEMV's own
+work at batch 1, so the GEMV does it itself (`norm_gemv`, `gated_gemv`). Every program
+recomputes it for its slice of K (x is a few KB, read from L2); program 0 also writes the new
+residual stream. The arithmetic, roundings included, is that of `RMSNorm` and
+`triton_ops.gated_activation`.
 """
 
 from __future__ import annotations
@@ -16,26 +24,68 @@ import torch
 import triton
 import triton.language as tl
 
+from seq2serve.models.triton_ops import FUSED_ACTIVATIONS, activation
+
 MAX_M = 4  # rows of x this kernel takes (Linear sends it only 1: see models/linear.py)
+_PLAIN, _NORM, _GATED = 0, 1, 2  # prologues
 
 
 @triton.jit
-def _gemv_kernel(x, w, b, out, M, N, K, stride_xm, stride_wn, stride_om,
-                 HAS_BIAS: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+def _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES: tl.constexpr):
+    """x[row, kk] (+ res[row, kk], rounded to x's dtype as torch's add would be), float32."""
+    v = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0)
+    if HAS_RES:
+        r = tl.load(res + row * stride_xm + kk, mask=k_ok, other=0.0)
+        v = (v.to(tl.float32) + r.to(tl.float32)).to(x.dtype.element_ty)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_wn, stride_om,
+                 eps, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+                 ACT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     rm = tl.arange(0, M_PAD)
     n_ok = rn < N
+    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
+    if PROLOGUE == 1:  # each row's RMS first (program 0 also writes the summed rows)
+        for m in tl.static_range(M_PAD):
+            row = tl.minimum(m, M - 1)
+            squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + rk
+                k_ok = kk < K
+                v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
+                if HAS_RES:  # (the conditions as vectors: the interpreter wants them so)
+                    first = ((rk * 0 + pid) == 0) & ((rk * 0 + row) == m)
+                    tl.store(res_out + row * stride_xm + kk, v.to(res_out.dtype.element_ty),
+                             mask=k_ok & first)
+                squares += v * v
+            rstd = tl.where(rm == m, tl.rsqrt(tl.sum(squares, 0) / K + eps), rstd)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         k_ok = kk < K
         wt = tl.load(w + rn[:, None] * stride_wn + kk[None, :],
                      mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        if PROLOGUE == 1:
+            nw = tl.load(norm_w + kk, mask=k_ok, other=0.0).to(tl.float32)
         for m in tl.static_range(M_PAD):
             row = tl.minimum(m, M - 1)  # padding rows repeat the last one; never stored
-            xm = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+            if PROLOGUE == 1:  # weight * (x / rms(x)) rounded to x's dtype
+                r = tl.sum(tl.where(rm == m, rstd, 0.0), 0)
+                v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
+                normed = (v * r).to(x.dtype.element_ty).to(tl.float32)
+                xm = (nw * normed).to(x.dtype.element_ty).to(tl.float32)
+            elif PROLOGUE == 2:  # act(gate) * up, x = [gate | up] of 2K columns
+                g = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+                u = tl.load(x + row * stride_xm + K + kk, mask=k_ok, other=0.0).to(tl.float32)
+                xm = (activation(g, ACT) * u).to(x.dtype.element_ty).to(tl.float32)
+            else:
+                xm = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
             part = tl.sum(wt * xm[None, :], axis=1)  # [BLOCK_N]
             acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
     if HAS_BIAS:
@@ -48,28 +98,63 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw)
             for bn, bk, nw in [(2, 1024, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4),
                                (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
                                (32, 256, 8)]]
-_gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "M_PAD"])(_gemv_kernel)
+_gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE"])(_gemv_kernel)
+
+
+def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | None,
+            prologue: int, block_n: int | None, block_k: int | None, *,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            residual: torch.Tensor | None = None, act: str = "silu"):
+    m = x.shape[0]
+    n = weight.shape[0]
+    if m > MAX_M or x.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1:
+        raise ValueError(f"gemv takes x [<= {MAX_M}, K] and a row-major weight [N, K]; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    x = x.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    res_out = None
+    if residual is not None:
+        residual = residual.contiguous()
+        res_out = torch.empty_like(x)
+    unused = weight  # any tensor, for pointers a variant does not read
+    args = (x, weight, unused if bias is None else bias, out,
+            unused if norm_weight is None else norm_weight,
+            unused if residual is None else residual, unused if res_out is None else res_out,
+            m, n, k, x.stride(0), weight.stride(0), out.stride(0), eps)
+    meta = dict(HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
+                ACT=FUSED_ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m))
+    if block_n is None:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        _gemv_tuned[grid](*args, **meta)
+    else:
+        _gemv_kernel[(triton.cdiv(n, block_n),)](*args, **meta, BLOCK_N=block_n,
+                                                 BLOCK_K=block_k)
+    return out, res_out
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          block_n: int | None = None, block_k: int | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_M) times weight [N, K] transposed, plus bias [N]. Block sizes are
     autotuned unless given (the CPU tests give them: the interpreter cannot time anything)."""
-    m, k = x.shape
-    n = weight.shape[0]
-    if m > MAX_M or weight.shape[1] != k or weight.stride(1) != 1:
-        raise ValueError(f"gemv takes x [<= {MAX_M}, K] and a row-major weight [N, K]; got "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    x = x.contiguous()
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    m_pad = triton.next_power_of_2(m)
-    args = (x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0),
-            weight.stride(0), out.stride(0))
-    if block_n is None:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-        _gemv_tuned[grid](*args, HAS_BIAS=bias is not None, M_PAD=m_pad)
-    else:
-        _gemv_kernel[(triton.cdiv(n, block_n),)](*args, HAS_BIAS=bias is not None,
-                                                 M_PAD=m_pad, BLOCK_N=block_n,
-                                                 BLOCK_K=block_k)
-    return out
+    return _launch(x, x.shape[-1], weight, bias, _PLAIN, block_n, block_k)[0]
+
+
+def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+              bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
+              block_n: int | None = None, block_k: int | None = None):
+    """(RMSNorm(x + residual) @ weight.T + bias, x + residual): `RMSNorm(...)(x, residual)`
+    and the GEMV in one kernel. Without `residual`, the second item is x itself."""
+    out, summed = _launch(x, x.shape[-1], weight, bias, _NORM, block_n, block_k,
+                          norm_weight=norm_weight, eps=eps, residual=residual)
+    return out, (x if summed is None else summed)
+
+
+def gated_gemv(gate_up: torch.Tensor, act: str, weight: torch.Tensor,
+               bias: torch.Tensor | None = None, *, block_n: int | None = None,
+               block_k: int | None = None) -> torch.Tensor:
+    """(act(gate) * up) @ weight.T + bias for gate_up = [gate | up]: `gated_activation` and
+    the GEMV in one kernel."""
+    if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
+        raise ValueError(f"gated_gemv takes [gate | up] rows; got {tuple(gate_up.shape)}")
+    return _launch(gate_up, gate_up.shape[-1] // 2, weight, bias, _GATED, block_n, block_k,
+                   act=act)[0]

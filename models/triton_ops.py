@@ -50,13 +50,8 @@ def _tanh(x):
 
 
 @triton.jit
-def _gated_kernel(gate_up, out, stride_in, stride_out, n, ACT: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    g = tl.load(gate_up + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(gate_up + row * stride_in + n + cols, mask=mask, other=0.0).to(tl.float32)
+def activation(g, ACT: tl.constexpr):
+    """ACT (a FUSED_ACTIVATIONS value) of float32 g."""
     if ACT == "silu":
         a = g * tl.sigmoid(g)
     elif ACT == "gelu_tanh":
@@ -65,7 +60,19 @@ def _gated_kernel(gate_up, out, stride_in, stride_out, n, ACT: tl.constexpr,
         a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
     else:  # relu
         a = tl.maximum(g, 0.0)
-    tl.store(out + row * stride_out + cols, (a * u).to(out.dtype.element_ty), mask=mask)
+    return a
+
+
+@triton.jit
+def _gated_kernel(gate_up, out, stride_in, stride_out, n, ACT: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    g = tl.load(gate_up + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gate_up + row * stride_in + n + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out + row * stride_out + cols, (activation(g, ACT) * u).to(out.dtype.element_ty),
+             mask=mask)
 
 
 FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_new": "gelu_tanh",

@@ -21,7 +21,7 @@ from seq2serve.runtime.attention.base import AttentionKind
 from seq2serve.runtime.attention.torch_native import TorchNativeBackend
 from seq2serve.runtime.attention.triton_bias import bias_constexprs, t5_bucket
 from seq2serve.runtime.attention.triton_backend import TritonBackend
-from seq2serve.runtime.attention.triton_decode import paged_decode_attention
+from seq2serve.runtime.attention.triton_decode import _split_counters, paged_decode_attention
 from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
@@ -247,10 +247,12 @@ def test_decode_kernel_splits(gen, poisoned_empty, num_splits):
     bias = _bias(gen, 4, False)
     expected = batch.run(TorchNativeBackend(), AttentionKind.SELF, bias)  # also writes new K/V
     fb = batch.fb
-    out = paged_decode_attention(batch.q, batch.kv.k_buffers[0], batch.kv.v_buffers[0],
-                                 batch.req.req_to_token, fb.req_pool_indices.int(), fb.seq_lens,
-                                 num_splits, 1.0, bias)
-    _check(out, expected, **_F32)
+    for _ in range(2):  # the last split merges and leaves the counters at zero for the next
+        out = paged_decode_attention(batch.q, batch.kv.k_buffers[0], batch.kv.v_buffers[0],
+                                     batch.req.req_to_token, fb.req_pool_indices.int(),
+                                     fb.seq_lens, num_splits, 1.0, bias)
+        _check(out, expected, **_F32)
+        assert not _split_counters(out.device, 1).any()
 
 
 # --- cross-attention --------------------------------------------------------------------------

@@ -74,6 +74,39 @@ def test_gemv_matches_linear(m, n, k, block_n, block_k, with_bias):
                                atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("m, n, k, block_n, block_k", [
+    (1, 37, 64, 8, 32), (3, 130, 48, 16, 16), (4, 16, 256, 2, 256), (2, 20, 100, 4, 64)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_gemv_is_rmsnorm_then_linear(m, n, k, block_n, block_k, with_residual):
+    from seq2serve.models.triton_gemv import norm_gemv
+
+    g = torch.Generator().manual_seed(m * n * k + with_residual)
+    x, res = (torch.randn(m, k, generator=g).to(DEVICE) for _ in range(2))
+    w = torch.randn(n, k, generator=g).to(DEVICE)
+    b = torch.randn(n, generator=g).to(DEVICE)
+    norm = RMSNorm(k, 1e-6).to(DEVICE)
+    norm.weight.data = torch.randn(k, generator=g).to(DEVICE)
+    out, summed = norm_gemv(x, norm.weight, norm.eps, w, b, res if with_residual else None,
+                            block_n=block_n, block_k=block_k)
+    x_ref = x + res if with_residual else x
+    torch.testing.assert_close(out, torch.nn.functional.linear(norm._norm(x_ref), w, b),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(summed, x_ref)
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "silu", "relu", "gelu"])
+@pytest.mark.parametrize("m, n, k", [(1, 24, 40), (3, 9, 130)])
+def test_gated_gemv_is_gated_activation_then_linear(activation, m, n, k):
+    from seq2serve.models.triton_gemv import gated_gemv
+
+    g = torch.Generator().manual_seed(m * n * k)
+    gate_up = torch.randn(m, 2 * k, generator=g).to(DEVICE)
+    w = torch.randn(n, k, generator=g).to(DEVICE)
+    act = ACTIVATIONS[activation](gate_up[:, :k]) * gate_up[:, k:]
+    torch.testing.assert_close(gated_gemv(gate_up, activation, w, block_n=8, block_k=32),
+                               torch.nn.functional.linear(act, w), atol=1e-4, rtol=1e-4)
+
+
 def test_gemv_refuses_what_it_does_not_handle():
     from seq2serve.models.triton_gemv import gemv
 
@@ -88,9 +121,20 @@ def test_gemv_refuses_what_it_does_not_handle():
 @pytest.mark.parametrize("m, n, k", [(1, 3072, 1024), (2, 5632, 1024), (4, 1024, 2816),
                                      (1, 250112, 1024)])
 def test_gemv_autotuned_bf16(m, n, k):
-    from seq2serve.models.triton_gemv import gemv
+    from seq2serve.models.triton_gemv import gated_gemv, gemv, norm_gemv
 
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    x, res = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
     ref = torch.nn.functional.linear(x.float(), w.float())
     torch.testing.assert_close(gemv(x, w).float(), ref, atol=2e-2, rtol=2e-2)
+    # the folded prologues, against the unfused kernels in bf16
+    norm = RMSNorm(k).cuda().to(torch.bfloat16)
+    norm.weight.data.uniform_(0.5, 1.5)
+    normed, summed = rmsnorm(x, norm.weight, norm.eps, res)
+    out, summed2 = norm_gemv(x, norm.weight, norm.eps, w, None, res)
+    assert torch.equal(summed2, summed)
+    torch.testing.assert_close(out.float(), gemv(normed, w).float(), atol=2e-2, rtol=2e-2)
+    gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(gated_gemv(gate_up, "gelu_new", w).float(),
+                               gemv(gated_activation(gate_up, "gelu_new"), w).float(),
+                               atol=2e-2, rtol=2e-2)

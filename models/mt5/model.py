@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from seq2serve.models.attention import Attention
-from seq2serve.models.linear import Linear
+from seq2serve.models.linear import Linear, norm_linear
 from seq2serve.models.mlp import MLP, GatedMLP
 from seq2serve.models.mt5.config import T5Config
 from seq2serve.models.mt5.relative_position import RelativePositionBias
@@ -42,6 +42,16 @@ def _add_norm(norm: RMSNorm, x: torch.Tensor, h: torch.Tensor):
     return norm(h, residual=x)
 
 
+def _norm_linear(norm: RMSNorm, linear: Linear, x: torch.Tensor, h: torch.Tensor | None):
+    """(linear(norm(x + h)), x + h) (h None: nothing to add); at batch 1 on CUDA, one GEMV
+    kernel with the add and the norm in its prologue (not in float16: see _add_norm)."""
+    if x.dtype == torch.float16:
+        if h is not None:
+            x = _clamp_fp16(x + h)
+        return linear(norm(x)), x
+    return norm_linear(norm, linear, x, h)
+
+
 class T5SelfAttention(nn.Module):
     def __init__(self, cfg: T5Config, kind: AttentionKind, layer_id: int) -> None:
         super().__init__()
@@ -53,7 +63,12 @@ class T5SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
-        q, k, v = self.qkv(x).split(self.inner, dim=-1)
+        return self.attend(self.qkv(x), fb, bias)
+
+    def attend(self, qkv: torch.Tensor, fb: ForwardBatch,
+               bias: RelativePositionBias) -> torch.Tensor:
+        """The sublayer's output from its q/k/v projection."""
+        q, k, v = qkv.split(self.inner, dim=-1)
         return self.o(self.attn(q, k, v, fb, bias))
 
 
@@ -73,7 +88,10 @@ class T5CrossAttention(nn.Module):
         self.attn.store_cross_kv(k, v, fb)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        return self.o(self.attn(self.q(x), None, None, fb))
+        return self.attend(self.q(x), fb)
+
+    def attend(self, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.o(self.attn(q, None, None, fb))
 
 
 def _feed_forward(cfg: T5Config) -> nn.Module:
@@ -106,13 +124,17 @@ class T5DecoderBlock(nn.Module):
         self.ff_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
         self.ff = _feed_forward(cfg)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch,
-                bias: RelativePositionBias) -> torch.Tensor:
-        h = self.self_attn(self.self_attn_norm(x), fb, bias)
-        normed, x = _add_norm(self.cross_attn_norm, x, h)
-        h = self.cross_attn(normed, fb)
-        normed, x = _add_norm(self.ff_norm, x, h)
-        return _clamp_fp16(x + self.ff(normed))
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None, fb: ForwardBatch,
+                bias: RelativePositionBias) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, h) -> (x', h'): the residual stream and the previous sublayer's output not yet
+        added to it (None before the first layer), so that each add joins the next norm and
+        the projection after it (see _norm_linear)."""
+        qkv, x = _norm_linear(self.self_attn_norm, self.self_attn.qkv, x, h)
+        h = self.self_attn.attend(qkv, fb, bias)
+        q, x = _norm_linear(self.cross_attn_norm, self.cross_attn.q, x, h)
+        h = self.cross_attn.attend(q, fb)
+        up, x = _norm_linear(self.ff_norm, self.ff.in_proj, x, h)
+        return x, self.ff.after_in_proj(up)
 
 
 class T5ForConditionalGeneration(nn.Module):
@@ -150,10 +172,10 @@ class T5ForConditionalGeneration(nn.Module):
     # --- the decoder -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
-        x = self.shared(input_ids)
+        x, h = self.shared(input_ids), None
         for layer in self.decoder_layers:
-            x = layer(x, fb, self.decoder_bias)
-        x = self.decoder_norm(x)
+            x, h = layer(x, h, fb, self.decoder_bias)
+        x = _add_norm(self.decoder_norm, x, h)[0]
         if self.cfg.scale_decoder_outputs:
             x = x * (self.cfg.d_model**-0.5)
         return x

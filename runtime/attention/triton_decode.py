@@ -1,6 +1,13 @@
-"""Paged decode attention, one query per request, split over the keys (flash-decoding): stage 1
-computes a partial softmax per (request, KV head, split), stage 2 merges the splits. Serves the
-decoder's self-attention (with the in-kernel T5 bias) and cross-attention."""
+"""Paged decode attention, one query per request, split over the keys (flash-decoding): each
+program computes a partial softmax per (request, KV head, split), and the last split of a
+(request, KV head) to finish merges them all, in the same kernel. Serves the decoder's
+self-attention (with the in-kernel T5 bias) and cross-attention.
+
+One kernel instead of split + merge matters at small batches, where a decode step is a chain
+of tiny kernels whose launch gaps cost as much as their work. The last split is found with an
+atomic counter per (request, KV head) that it resets to zero for the next call; partials
+travel through L2 (`.cg` loads) after a CTA barrier and an acquire-release atomic.
+"""
 
 from __future__ import annotations
 
@@ -33,10 +40,11 @@ def num_kv_splits(batch: int, num_kv_heads: int, max_kv_len: int, num_sms: int) 
 
 @triton.jit
 def _decode_split_kernel(
-    q, k_buf, v_buf, out, part_out, part_lse, page_table, req_rows, kv_starts, kv_ends,
-    bias_table, scaling, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+    q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, req_rows, kv_starts,
+    kv_ends, bias_table, scaling, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
     stride_ot, stride_pt, stride_bb, stride_bh,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIDIRECTIONAL: tl.constexpr, NUM_BUCKETS: tl.constexpr,
@@ -85,30 +93,43 @@ def _decode_split_kernel(
         tl.store(out + b * stride_ot + heads[:, None] * HEAD_DIM + d[None, :],
                  o.to(out.dtype.element_ty), mask=o_mask)
     else:
-        part = (b * NUM_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=o_mask)
-        tl.store(part_lse + part, lse, mask=h_ok)
+        base = (b * NUM_HEADS + heads) * NUM_SPLITS  # this head group's partials
+        tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o, mask=o_mask)
+        tl.store(part_lse + base + split, lse, mask=h_ok)
+        tl.debug_barrier()  # every thread's partial is written before the count goes up
+        counter = counters + b * NUM_KV_HEADS + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:  # the last split
+            tl.atomic_xchg(counter, 0)  # ready for the next call
+            m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+            for s in tl.static_range(NUM_SPLITS):
+                m = tl.maximum(m, tl.load(part_lse + base + s, mask=h_ok,
+                                          other=float("-inf"), cache_modifier=".cg"))
+            m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights all 0
+            total = tl.zeros([BLOCK_H], tl.float32)
+            merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+            for s in tl.static_range(NUM_SPLITS):
+                weight = tl.exp(tl.load(part_lse + base + s, mask=h_ok, other=float("-inf"),
+                                        cache_modifier=".cg") - m)
+                o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                              mask=o_mask, other=0.0, cache_modifier=".cg")
+                total += weight
+                merged += weight[:, None] * o_s
+            merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+            tl.store(out + b * stride_ot + heads[:, None] * HEAD_DIM + d[None, :],
+                     merged.to(out.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit
-def _decode_merge_kernel(part_out, part_lse, out, stride_ot, NUM_HEADS: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < NUM_SPLITS
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    part = (b * NUM_HEADS + h) * NUM_SPLITS + s
-    lse = tl.load(part_lse + part, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    weight = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m))  # empty splits weigh 0
-    o = tl.load(part_out + part[:, None] * HEAD_DIM + d[None, :],
-                mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(weight, 0)
-    merged = tl.sum(weight[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out + b * stride_ot + h * HEAD_DIM + d, merged.to(out.dtype.element_ty), mask=d_ok)
+_counters: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters, at least n, for the last-split election. Kernels leave them at
+    zero; they are never freed, since captured CUDA graphs hold their address."""
+    held = _counters.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024),
+                                dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -132,27 +153,23 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
                                device=q.device)
         part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32,
                                device=q.device)
+        counters = _split_counters(q.device, batch * num_kv_heads)
     else:
-        part_out = part_lse = out  # unused: stage 1 writes the output itself
+        part_out = part_lse = counters = out  # unused: one split writes the output itself
     group = num_heads // num_kv_heads
     table = bias.weight if bias is not None else q
     bd = block_d(head_dim)
     # one program per (request, KV head, split): a variant taking several MHA heads per
     # program with row-wise products measured slower on an H100 (2026-11-22)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_buf, v_buf, out, part_out, part_lse, page_table, req_rows,
+        q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, req_rows,
         kv_starts if kv_starts is not None else kv_ends, kv_ends, table, scaling,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), out.stride(0), page_table.stride(0), table.stride(0),
-        table.stride(1), NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
+        table.stride(1), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
+        HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=bd, DOT_PRECISION=dot_precision(q.dtype),
         HAS_KV_START=kv_starts is not None, **bias_constexprs(bias), num_warps=4,
     )
-    if num_splits > 1:
-        _decode_merge_kernel[(batch, num_heads)](
-            part_out, part_lse, out, out.stride(0), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=bd,
-            num_warps=2,
-        )
     return out
