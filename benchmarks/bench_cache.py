@@ -72,6 +72,9 @@ def main() -> None:
            "dtype": info["dtype"], "ttft_fresh_ms": statistics.median(fresh) * 1e3,
            "ttft_cached_ms": statistics.median(cached) * 1e3}
     res["speedup"] = res["ttft_fresh_ms"] / res["ttft_cached_ms"]
+    for name in ("fresh", "cached"):  # the scheduler's part: admission to first token
+        res[f"scheduler_ttft_{name}_ms"] = statistics.median(
+            m["scheduler_ttft"] for m in metas[name]) * 1e3
     print(json.dumps(res, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -13,9 +13,12 @@ bucket up first); `F.linear` remains the reference and the CPU path.
 What comes before a decoder GEMM is an RMS norm (with the previous sublayer's residual add)
 or a gated activation: each is a tiny kernel whose launch costs as much as the GEMV's own
 work at batch 1, so the GEMV does it itself (`norm_gemv`, `gated_gemv`). Every program
-recomputes it for its slice of K (x is a few KB, read from L2); program 0 also writes the new
-residual stream. The arithmetic, roundings included, is that of `RMSNorm` and
-`triton_ops.gated_activation`.
+recomputes it (x is a few KB, read from L2), in the same pass over K as the products: the
+norm's weight multiplies x at once and each row's 1/rms, known at the end, scales its sums
+(float32 throughout, where `RMSNorm` rounds x / rms to the model's dtype first); program 0
+also writes the new residual stream. The gated activation rounds as
+`triton_ops.gated_activation` does. With PDL (models/pdl.py) the first weight chunk is
+loaded before waiting for the kernel before.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from seq2serve.models.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_launch
 from seq2serve.models.triton_ops import FUSED_ACTIVATIONS, activation
 
 MAX_M = 4  # rows of x this kernel takes (Linear sends it only 1: see models/linear.py)
@@ -41,53 +45,65 @@ def _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES: tl.constexpr):
 
 
 @triton.jit
+def _chunk(acc, squares, wt, kk, k_ok, rk, rm, pid, x, res, res_out, norm_w, M, K, stride_xm,
+           PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+           M_PAD: tl.constexpr):
+    """Add one K chunk's products to acc [M_PAD, BLOCK_N] (and, for the norm, each row's sum
+    of squares to squares [M_PAD])."""
+    wt = wt.to(tl.float32)
+    if PROLOGUE == 1:
+        nw = tl.load(norm_w + kk, mask=k_ok, other=0.0).to(tl.float32)
+    for m in tl.static_range(M_PAD):
+        row = tl.minimum(m, M - 1)  # padding rows repeat the last one; never stored
+        if PROLOGUE == 1:  # weight * x now, the row's 1/rms once it is known (at the end)
+            v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
+            if HAS_RES:  # program 0 writes the summed rows (conditions as vectors: the
+                # interpreter wants them so)
+                first = ((rk * 0 + pid) == 0) & ((rk * 0 + row) == m)
+                tl.store(res_out + row * stride_xm + kk, v.to(res_out.dtype.element_ty),
+                         mask=k_ok & first)
+            squares += tl.where(rm == m, tl.sum(v * v, 0), 0.0)
+            xm = v * nw
+        elif PROLOGUE == 2:  # act(gate) * up, x = [gate | up] of 2K columns
+            g = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+            u = tl.load(x + row * stride_xm + K + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xm = (activation(g, ACT) * u).to(x.dtype.element_ty).to(tl.float32)
+        else:
+            xm = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+        part = tl.sum(wt * xm[None, :], axis=1)  # [BLOCK_N]
+        acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+    return acc, squares
+
+
+@triton.jit
 def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_wn, stride_om,
                  eps, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
                  ACT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     rm = tl.arange(0, M_PAD)
     n_ok = rn < N
-    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
-    if PROLOGUE == 1:  # each row's RMS first (program 0 also writes the summed rows)
-        for m in tl.static_range(M_PAD):
-            row = tl.minimum(m, M - 1)
-            squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + rk
-                k_ok = kk < K
-                v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
-                if HAS_RES:  # (the conditions as vectors: the interpreter wants them so)
-                    first = ((rk * 0 + pid) == 0) & ((rk * 0 + row) == m)
-                    tl.store(res_out + row * stride_xm + kk, v.to(res_out.dtype.element_ty),
-                             mask=k_ok & first)
-                squares += v * v
-            rstd = tl.where(rm == m, tl.rsqrt(tl.sum(squares, 0) / K + eps), rstd)
+    w_rows = w + rn[:, None] * stride_wn
+    # the first weight chunk: weights are never written, so this may overlap the kernel before
+    wt = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < K)[None, :], other=0.0)
+    if PDL:
+        gdc_wait()  # x (and everything we write) belongs to the kernels before us
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    squares = tl.zeros((M_PAD,), dtype=tl.float32)
+    acc, squares = _chunk(acc, squares, wt, rk, rk < K, rk, rm, pid, x, res, res_out, norm_w,
+                          M, K, stride_xm, PROLOGUE, HAS_RES, ACT, M_PAD)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + rk
         k_ok = kk < K
-        wt = tl.load(w + rn[:, None] * stride_wn + kk[None, :],
-                     mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        if PROLOGUE == 1:
-            nw = tl.load(norm_w + kk, mask=k_ok, other=0.0).to(tl.float32)
-        for m in tl.static_range(M_PAD):
-            row = tl.minimum(m, M - 1)  # padding rows repeat the last one; never stored
-            if PROLOGUE == 1:  # weight * (x / rms(x)) rounded to x's dtype
-                r = tl.sum(tl.where(rm == m, rstd, 0.0), 0)
-                v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
-                normed = (v * r).to(x.dtype.element_ty).to(tl.float32)
-                xm = (nw * normed).to(x.dtype.element_ty).to(tl.float32)
-            elif PROLOGUE == 2:  # act(gate) * up, x = [gate | up] of 2K columns
-                g = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
-                u = tl.load(x + row * stride_xm + K + kk, mask=k_ok, other=0.0).to(tl.float32)
-                xm = (activation(g, ACT) * u).to(x.dtype.element_ty).to(tl.float32)
-            else:
-                xm = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
-            part = tl.sum(wt * xm[None, :], axis=1)  # [BLOCK_N]
-            acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+        wt = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc, squares = _chunk(acc, squares, wt, kk, k_ok, rk, rm, pid, x, res, res_out, norm_w,
+                              M, K, stride_xm, PROLOGUE, HAS_RES, ACT, M_PAD)
+    if PROLOGUE == 1:
+        acc = acc * tl.rsqrt(squares / K + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(b + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(out + rm[:, None] * stride_om + rn[None, :], acc.to(out.dtype.element_ty),
@@ -122,7 +138,8 @@ def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | 
             unused if residual is None else residual, unused if res_out is None else res_out,
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), eps)
     meta = dict(HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
-                ACT=FUSED_ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m))
+                ACT=FUSED_ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m), PDL=pdl_enabled(),
+                **pdl_launch())
     if block_n is None:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _gemv_tuned[grid](*args, **meta)

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from seq2serve.runtime.attention.base import PositionBias
 from seq2serve.runtime.attention.triton_bias import bias_constexprs, t5_bias
+from seq2serve.models.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_launch
 from seq2serve.runtime.attention.triton_flash import (
     block_d,
     dot_precision,
@@ -44,79 +45,88 @@ def _decode_split_kernel(
     kv_ends, bias_table, scaling, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
     stride_ot, stride_pt, stride_bb, stride_bh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BIDIRECTIONAL: tl.constexpr, NUM_BUCKETS: tl.constexpr,
-    LOG_RATIO: tl.constexpr,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BIDIRECTIONAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, LOG_RATIO: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     kv_end = tl.load(kv_ends + b)
     kv_start = tl.load(kv_starts + b) if HAS_KV_START else 0
-    row = tl.load(req_rows + b).to(tl.int64)
-    # each request cuts its own keys into NUM_SPLITS whole blocks; late splits may be empty
-    chunk = tl.cdiv(tl.cdiv(tl.maximum(kv_end - kv_start, 0), NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = kv_start + split * chunk
-    end = tl.minimum(start + chunk, kv_end)
+    kv_len = tl.maximum(kv_end - kv_start, 0)
+    # a request uses as many of the NUM_SPLITS programs as it has MIN_KEYS-key chunks (a
+    # CUDA graph fixes NUM_SPLITS for the longest request it may see; a short one still
+    # gets one program and no merge); the others have nothing to do
+    splits = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NUM_SPLITS)
+    if split < splits:
+        row = tl.load(req_rows + b).to(tl.int64)
+        chunk = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
+        start = kv_start + split * chunk
+        end = tl.minimum(start + chunk, kv_end)
 
-    r = tl.arange(0, BLOCK_H)
-    heads = kv_head * GROUP + r  # the query heads sharing this KV head, padded to BLOCK_H
-    h_ok = r < GROUP
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q_tile = tl.load(q + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                     mask=h_ok[:, None] & d_ok[None, :], other=0.0)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < end
-        slot = tl.load(page_table + row * stride_pt + n, mask=n_ok, other=0).to(tl.int64)
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
-                    mask=kv_mask, other=0.0)
-        scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
-        if HAS_BIAS:  # the query is the request's last position, kv_end - 1
-            scores += t5_bias(bias_table, stride_bb, stride_bh, heads[:, None],
-                              (n - kv_end + 1)[None, :], h_ok[:, None], BIDIRECTIONAL,
-                              NUM_BUCKETS, LOG_RATIO)
-        scores = tl.where(n_ok[None, :], scores, float("-inf"))
-        v = tl.load(v_buf + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
-                    mask=kv_mask, other=0.0)
-        m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, DOT_PRECISION)
-    o, lse = softmax_finish(m_i, l_i, acc)
-    o_mask = h_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(out + b * stride_ot + heads[:, None] * HEAD_DIM + d[None, :],
-                 o.to(out.dtype.element_ty), mask=o_mask)
-    else:
-        base = (b * NUM_HEADS + heads) * NUM_SPLITS  # this head group's partials
-        tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o, mask=o_mask)
-        tl.store(part_lse + base + split, lse, mask=h_ok)
-        tl.debug_barrier()  # every thread's partial is written before the count goes up
-        counter = counters + b * NUM_KV_HEADS + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:  # the last split
-            tl.atomic_xchg(counter, 0)  # ready for the next call
-            m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-            for s in tl.static_range(NUM_SPLITS):
-                m = tl.maximum(m, tl.load(part_lse + base + s, mask=h_ok,
-                                          other=float("-inf"), cache_modifier=".cg"))
-            m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights all 0
-            total = tl.zeros([BLOCK_H], tl.float32)
-            merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-            for s in tl.static_range(NUM_SPLITS):
-                weight = tl.exp(tl.load(part_lse + base + s, mask=h_ok, other=float("-inf"),
-                                        cache_modifier=".cg") - m)
-                o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                              mask=o_mask, other=0.0, cache_modifier=".cg")
-                total += weight
-                merged += weight[:, None] * o_s
-            merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+        r = tl.arange(0, BLOCK_H)
+        heads = kv_head * GROUP + r  # the query heads sharing this KV head, padded to BLOCK_H
+        h_ok = r < GROUP
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        q_tile = tl.load(q + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                         mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < end
+            slot = tl.load(page_table + row * stride_pt + n, mask=n_ok, other=0).to(tl.int64)
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
+                        mask=kv_mask, other=0.0)
+            scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
+            if HAS_BIAS:  # the query is the request's last position, kv_end - 1
+                scores += t5_bias(bias_table, stride_bb, stride_bh, heads[:, None],
+                                  (n - kv_end + 1)[None, :], h_ok[:, None], BIDIRECTIONAL,
+                                  NUM_BUCKETS, LOG_RATIO)
+            scores = tl.where(n_ok[None, :], scores, float("-inf"))
+            v = tl.load(v_buf + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
+                        mask=kv_mask, other=0.0)
+            m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, DOT_PRECISION)
+        o, lse = softmax_finish(m_i, l_i, acc)
+        o_mask = h_ok[:, None] & d_ok[None, :]
+        if splits == 1:
             tl.store(out + b * stride_ot + heads[:, None] * HEAD_DIM + d[None, :],
-                     merged.to(out.dtype.element_ty), mask=o_mask)
+                     o.to(out.dtype.element_ty), mask=o_mask)
+        else:
+            base = (b * NUM_HEADS + heads) * NUM_SPLITS  # this head group's partials
+            tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o,
+                     mask=o_mask)
+            tl.store(part_lse + base + split, lse, mask=h_ok)
+            tl.debug_barrier()  # every thread's partial is written before the count goes up
+            counter = counters + b * NUM_KV_HEADS + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:  # the last split
+                tl.atomic_xchg(counter, 0)  # ready for the next call
+                m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+                for s in range(0, splits):
+                    m = tl.maximum(m, tl.load(part_lse + base + s, mask=h_ok,
+                                              other=float("-inf"), cache_modifier=".cg"))
+                m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights all 0
+                total = tl.zeros([BLOCK_H], tl.float32)
+                merged = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+                for s in range(0, splits):
+                    weight = tl.exp(tl.load(part_lse + base + s, mask=h_ok,
+                                            other=float("-inf"), cache_modifier=".cg") - m)
+                    o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                                  mask=o_mask, other=0.0, cache_modifier=".cg")
+                    total += weight
+                    merged += weight[:, None] * o_s
+                merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+                tl.store(out + b * stride_ot + heads[:, None] * HEAD_DIM + d[None, :],
+                         merged.to(out.dtype.element_ty), mask=o_mask)
 
 
 _counters: dict[torch.device, list[torch.Tensor]] = {}
@@ -167,9 +177,10 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), out.stride(0), page_table.stride(0), table.stride(0),
         table.stride(1), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        HEAD_DIM=head_dim,
+        HEAD_DIM=head_dim, MIN_KEYS=MIN_SPLIT_KEYS, PDL=pdl_enabled(),
         NUM_SPLITS=num_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=bd, DOT_PRECISION=dot_precision(q.dtype),
         HAS_KV_START=kv_starts is not None, **bias_constexprs(bias), num_warps=4,
+        **pdl_launch(),
     )
     return out

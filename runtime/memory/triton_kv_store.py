@@ -7,10 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
+from seq2serve.models.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_launch
+
 
 @triton.jit
 def _store_kv_kernel(k, v, k_buf, v_buf, loc, stride_k, stride_v, stride_kb, stride_vb,
-                     WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+                     WIDTH: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # see models/pdl.py
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(loc + t).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -32,4 +37,5 @@ def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: tor
         block = min(1024, triton.next_power_of_2(width))
         _store_kv_kernel[(tokens, triton.cdiv(width, block))](
             k, v, k_buf, v_buf, loc, k.stride(0), v.stride(0), k_buf.stride(0),
-            v_buf.stride(0), WIDTH=width, BLOCK=block, num_warps=4)
+            v_buf.stride(0), WIDTH=width, BLOCK=block, num_warps=4, PDL=pdl_enabled(),
+            **pdl_launch())
