@@ -163,9 +163,11 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
                                device=q.device)
         part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32,
                                device=q.device)
-        counters = _split_counters(q.device, batch * num_kv_heads)
     else:
-        part_out = part_lse = counters = out  # unused: one split writes the output itself
+        part_out = part_lse = out  # unused: one split writes the output itself
+    # int32 even when unused: Triton compiles the merge branch regardless, and its atomics
+    # take no bf16/fp16 pointer (tests/test_kernel_compile.py compiles every dtype for sm_90)
+    counters = _split_counters(q.device, batch * num_kv_heads)
     group = num_heads // num_kv_heads
     table = bias.weight if bias is not None else q
     bd = block_d(head_dim)

@@ -1,0 +1,222 @@
+"""Every Triton kernel launch the runtime makes compiles for Hopper (sm_90) and Ampere (sm_80)
+with activations and pools in bfloat16, float16 and float32 -- on the CPU, without a GPU.
+
+The interpreter that runs the CPU suite executes only the branches a launch takes, so a kernel
+that cannot compile for a GPU (an atomic handed a bf16 buffer in a branch the CPU never takes)
+passes every CPU test and crashes the GPU server. Here a tour drives the runtime's kernels in
+each dtype under the interpreter -- T5, Llama and Mllama through the scheduler with the Triton
+backend, the CUDA-only fused ops directly, decode with and without split-KV -- recording each
+launch, and `kernel_launches.compile_launches` compiles every one (every autotuner config, and
+with programmatic dependent launch on sm_90) with Triton's GPU compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+import pytest
+import torch
+
+from seq2serve.tests.kernel_launches import compile_launches, record_launches
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="records launches from Triton's interpreter (CPU runs)")
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _t5_tour(path: str, dtype: str) -> None:
+    from seq2serve.tests.helpers import make_scheduler, request, run_to_completion
+
+    sched = make_scheduler(path, attention_backend="triton", dtype=dtype, page_size=4)
+    long_source = list(range(100, 240))  # > 128 keys: split-KV cross-attention decode
+    sched.add_request(request("long", long_source, max_new_tokens=3, ignore_eos=True))
+    sched.add_request(request("prompted", [5, 6, 7, 8, 9], [0, 37, 5, 12, 7, 9],
+                              max_new_tokens=3, ignore_eos=True))
+    run_to_completion(sched)
+    # again: the encoder output and a decoder prefix from the caches, the rest extended
+    sched.add_request(request("cached", [5, 6, 7, 8, 9], [0, 37, 5, 12, 7, 9, 4, 11, 3],
+                              max_new_tokens=2, ignore_eos=True))
+    run_to_completion(sched)
+
+
+def _llama_tour(path: str, dtype: str) -> None:
+    from seq2serve.tests.helpers import make_scheduler, request, run_to_completion
+
+    sched = make_scheduler(path, attention_backend="triton", dtype=dtype, page_size=4)
+    sched.add_request(request("a", [], list(range(100, 113)), max_new_tokens=3,
+                              ignore_eos=True))
+    sched.add_request(request("b", [], list(range(300, 440)), max_new_tokens=2,
+                              ignore_eos=True))
+    run_to_completion(sched)
+    sched.add_request(request("c", [], list(range(100, 113)) + [7, 8], max_new_tokens=2,
+                              ignore_eos=True))
+    run_to_completion(sched)
+
+
+def _mllama_tour(path: str, dtype: str) -> None:
+    from seq2serve.encoders.encoder_input import cross_spans
+    from seq2serve.encoders.image_processor import ImageProcessor
+    from seq2serve.runtime.io_struct import TokenizedRequest
+    from seq2serve.runtime.sampling_params import SamplingParams
+    from seq2serve.tests.helpers import make_scheduler, run_to_completion
+    from seq2serve.tests.mllama_oracle import random_image
+
+    sched = make_scheduler(path, attention_backend="triton", dtype=dtype)
+    arch = sched.model_config.arch
+    proc = ImageProcessor(path, "m", arch.vision.num_patches)
+    imgs = [proc(str(i).encode(), lambda i=i, s=s: random_image(i, *s))
+            for i, s in enumerate([(40, 90), (100, 50)])]
+    image = arch.image_token_id
+    sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 3, "ignore_eos": True})
+    for rid, ids, features in [("text-then-image", [1, 50, 51, image, 52, 53], imgs[:1]),
+                               ("two-images", [image, image, 1, 60, 61, 62], imgs),
+                               ("text-only", [1, 70, 71, 72], [])]:
+        sched.add_request(TokenizedRequest(rid, [], ids, sp, images=features,
+                                           cross_spans=cross_spans(
+                                               ids, image, [f.num_tokens for f in features])))
+    run_to_completion(sched)
+
+
+def _decode_tour(dtype: torch.dtype) -> None:
+    """Decode attention as the CUDA graphs launch it: a split count fixed per captured batch
+    (1, or several with a merge), with and without the T5 bias and per-request key starts, at
+    the head sizes of the real shapes (64: T5; 128 with grouped heads: Llama, Mllama)."""
+    from seq2serve.models.mt5.relative_position import RelativePositionBias
+    from seq2serve.runtime.attention.triton_decode import paged_decode_attention
+
+    for heads, kv_heads, dim in [(4, 4, 64), (8, 2, 128)]:
+        q = torch.randn(2, heads, dim).to(dtype)
+        k, v = (torch.randn(256, kv_heads, dim).to(dtype) for _ in range(2))
+        table = torch.randperm(256, dtype=torch.int32).view(2, 128)
+        rows, ends = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([7, 100],
+                                                                             dtype=torch.int32)
+        bias = RelativePositionBias(32, 128, heads, bidirectional=False).to(dtype)
+        for splits in (1, 3):
+            paged_decode_attention(q, k, v, table, rows, ends, splits, 0.125, bias=bias)
+            paged_decode_attention(q, k, v, table, rows, ends, splits, 0.125,
+                                   kv_starts=torch.tensor([2, 0], dtype=torch.int32))
+
+
+def _fused_ops_tour(dtype: torch.dtype) -> None:
+    """The ops the models use only on CUDA (norms, gated activations, the one-row GEMVs, the
+    KV store), at the widths of the real shapes."""
+    from seq2serve.models.triton_gemv import MAX_M, gated_gemv, gemv, norm_gemv
+    from seq2serve.models.triton_ops import FUSED_ACTIVATIONS, gated_activation, rmsnorm
+    from seq2serve.runtime.memory.triton_kv_store import store_kv
+
+    for n in (1024, 2048, 4096):
+        x, res, w = (torch.randn(2, n).to(dtype) for _ in range(3))
+        rmsnorm(x, w[0], 1e-6)
+        rmsnorm(x, w[0], 1e-6, residual=res)
+    for act in FUSED_ACTIVATIONS:
+        gated_activation(torch.randn(2, 64).to(dtype), act)
+    for heads, dim in [(16, 64), (8, 128)]:
+        k, v = (torch.randn(3, heads, dim).to(dtype) for _ in range(2))
+        k_buf, v_buf = (torch.zeros(16, heads, dim, dtype=dtype) for _ in range(2))
+        store_kv(k_buf, v_buf, torch.tensor([3, 9, 1]), k, v)
+    blocks = dict(block_n=8, block_k=64)
+    w, b, norm_w = (torch.randn(*shape).to(dtype) for shape in [(32, 64), (32,), (64,)])
+    for m in (1, MAX_M):
+        gemv(torch.randn(m, 64).to(dtype), w, **blocks)
+    x, res = torch.randn(1, 64).to(dtype), torch.randn(1, 64).to(dtype)  # batch 1: fused
+    gemv(x, w, b, **blocks)
+    norm_gemv(x, norm_w, 1e-6, w, **blocks)
+    norm_gemv(x, norm_w, 1e-6, w, None, res, **blocks)
+    for act in ("silu", "gelu_new"):
+        gated_gemv(torch.randn(1, 128).to(dtype), act, w, **blocks)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    from seq2serve.runtime.demo_checkpoint import (write_llama_checkpoint,
+                                                   write_mllama_checkpoint,
+                                                   write_t5_checkpoint)
+
+    root = tmp_path_factory.mktemp("tour")
+    # head sizes of the served shapes: 64 (mT5, Flan-T5), 128 with grouped KV heads (Llama 3)
+    return {
+        "t5": str(write_t5_checkpoint(root / "t5", mt5=True, d_model=128, d_kv=64,
+                                      num_heads=2, d_ff=128, num_layers=1,
+                                      num_decoder_layers=1)),
+        "llama": str(write_llama_checkpoint(root / "llama", hidden_size=256,
+                                            intermediate_size=256, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1)),
+        "mllama": str(write_mllama_checkpoint(root / "mllama", text=dict(
+            hidden_size=256, intermediate_size=256, num_attention_heads=2,
+            num_key_value_heads=1))),
+    }
+
+
+@pytest.fixture(scope="module")
+def launches(checkpoints) -> list[dict]:
+    with record_launches() as recorded:
+        for dtype in DTYPES:
+            _t5_tour(checkpoints["t5"], dtype)
+            _llama_tour(checkpoints["llama"], dtype)
+            _mllama_tour(checkpoints["mllama"], dtype)
+            _decode_tour(getattr(torch, dtype))
+            _fused_ops_tour(getattr(torch, dtype))
+    return recorded
+
+
+def _counters_in_bf16(launches: list[dict]) -> dict:
+    """The bug this file exists for (found on an H100, 2026-11-23): a one-split decode launch
+    handed the bf16 output as its atomic counters."""
+    for launch in launches:
+        kernel = launch["kernel"]
+        if kernel.endswith(":_decode_split_kernel") and \
+                launch["kwargs"]["NUM_SPLITS"]["value"] == 1 and \
+                launch["args"][0].get("tensor") == "bfloat16":
+            bad = json.loads(json.dumps(launch))
+            bad["args"][6] = {"tensor": "bfloat16", "aligned": True}  # counters
+            return bad
+    raise AssertionError("the tour made no one-split bf16 decode launch")
+
+
+@pytest.fixture(scope="module")
+def compiled(launches) -> dict:
+    return compile_launches(launches + [_counters_in_bf16(launches)])
+
+
+def test_every_launch_compiles_for_sm90_and_sm80(launches, compiled):
+    failures = [r for r in compiled["results"] if r["error"] and r["launch"] < len(launches)]
+    report = "\n\n".join(
+        f"{r['kernel']} for {r['target']} ({r['variant']}), arguments "
+        f"{[a.get('tensor', a.get('value')) for a in launches[r['launch']]['args']]}:\n"
+        f"{r['error'][:1500]}" for r in failures[:5])
+    assert not failures, f"{len(failures)} kernel launches do not compile:\n{report}"
+    targets = {r["target"] for r in compiled["results"]}
+    assert targets == {"sm_90", "sm_80"}
+    assert compiled["compiled"] > 0
+
+
+def test_a_bf16_atomic_buffer_is_caught(launches, compiled):
+    """Reintroduce the bug: the compile fails for both targets, naming the atomic."""
+    bad = [r for r in compiled["results"] if r["launch"] == len(launches)]
+    assert {r["target"] for r in bad} == {"sm_90", "sm_80"}
+    for r in bad:
+        assert r["error"] and "atomic" in r["error"], r
+
+
+def test_every_kernel_is_launched_in_every_dtype(launches, compiled):
+    """Each jit function of the package is launched by the tour in all three dtypes, or
+    called from one that is: a new kernel cannot go uncompiled."""
+    dtypes = defaultdict(set)
+    for launch in launches:
+        for a in launch["args"]:
+            if a.get("tensor") in DTYPES:
+                dtypes[launch["kernel"]].add(a["tensor"])
+    callees = compiled["kernels"]
+    for name, got in dtypes.items():
+        assert got == set(DTYPES), f"{name} launched only with {sorted(got)}"
+    covered, todo = set(), [k for k in dtypes]
+    while todo:
+        name = todo.pop()
+        if name not in covered:
+            covered.add(name)
+            todo += callees.get(name, [])
+    missing = sorted(set(callees) - covered)
+    assert not missing, f"jit functions neither launched by the tour nor called: {missing}"
