@@ -23,6 +23,15 @@ SHAPES: dict[str, dict] = {
     "flan-t5-xl": {**_T5, "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
                    "vocab_size": 32128, "d_model": 2048, "d_ff": 5120, "num_heads": 32,
                    "num_layers": 24, "num_decoder_layers": 24},
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "bos_token_id": 128000, "eos_token_id": 128009},
     "mllama-11b": {
         "architectures": ["MllamaForConditionalGeneration"], "model_type": "mllama",
         "image_token_index": 128256,
@@ -61,6 +70,9 @@ def write_shape(name: str, out: str | Path) -> Path:
         tok.save_pretrained(str(out))
         MllamaImageProcessor(size={"height": 560, "width": 560},
                                 max_image_tiles=4).save_pretrained(str(out))
+    elif name.startswith("llama"):
+        for f in LLAMA3_TOKENIZER.iterdir():
+            shutil.copy(f, out / f.name)
     else:
         for f in T5_TOKENIZER.iterdir():
             shutil.copy(f, out / f.name)

@@ -1,0 +1,173 @@
+"""The GPU check: every change to kernels, models, the model runner, CUDA graphs or the
+scheduler passes it on a GPU before it lands (CI has no GPU). On a lent GPU machine:
+
+    bash scripts/gpu_check.sh            # = source benchmarks/gpu_setup.sh; python3 scripts/gpu_check.py
+
+Parts, each ending in one verdict line (`PASS` / `FAIL`):
+1. `tests`: the `gpu`-marked tests (Triton against torch_native and HF, CUDA graphs on == off,
+   decode with and without split-KV in bf16 and fp16 for T5, Llama and Mllama).
+2. `serve <shape>`: `seq2serve serve` on each real shape with random weights in bf16, then one
+   request over HTTP (completion, chat, chat with an image) that must return every token.
+3. `bench`: a short `bench one-batch` and `bench offline` on mT5-large (figures printed).
+
+Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
+status is the number of failed parts. `--only tests,serve,bench` runs a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = Path(os.environ.get("OUT") or "/tmp/gpu_check")
+SHAPES = ["mt5-large", "flan-t5-xl", "llama-3.2-1b", "mllama-11b"]
+NEW_TOKENS = 16
+
+
+def verdict(part: str, ok: bool, detail: str) -> bool:
+    print(f"{'PASS' if ok else 'FAIL'}  {part:<22} {detail}", flush=True)
+    return ok
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "seq2serve.runtime.cli", *args]
+
+
+def check_tests() -> bool:
+    log = LOGS / "gpu_tests.log"
+    start = time.monotonic()
+    with open(log, "w") as f:
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+                                "no:cacheprovider", "tests/test_gpu.py",
+                                "tests/test_triton_kernels.py", "tests/test_triton_ops.py"],
+                               cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+    summary = lines[-1] if lines else "no output"
+    if code:
+        print("\n".join(lines[-40:]))
+    return verdict("tests", code == 0, f"{summary} ({time.monotonic() - start:.0f} s)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _image_url() -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.effect_noise((1120, 1120), 64).convert("RGB").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _request(shape: str) -> tuple[str, dict]:
+    common = {"max_tokens": NEW_TOKENS, "temperature": 0,
+              "ignore_eos": True}
+    if shape.startswith("mllama"):
+        return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _image_url()}},
+            {"type": "text", "text": "What is in this picture?"}]}]}
+    if shape.startswith("llama"):
+        return "/v1/chat/completions", {**common, "messages": [
+            {"role": "user", "content": "Name three colours."}]}
+    return "/v1/completions", {**common, "prompt": "translate English to German: Good morning."}
+
+
+def check_serve(shape: str) -> bool:
+    import httpx
+
+    from seq2serve.runtime.bench.shapes import write_shape
+
+    model_dir = write_shape(shape, tempfile.mkdtemp(prefix=shape))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(LOGS / f"serve_{shape}.log", "w")
+    start = time.monotonic()
+    proc = subprocess.Popen(_cli("serve", "--model-path", str(model_dir), "--load-format",
+                                 "dummy", "--dtype", "bfloat16", "--port", str(port)),
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        while True:
+            if proc.poll() is not None:
+                return verdict(f"serve {shape}", False, f"server exited with {proc.returncode}"
+                               f" (log: {log.name}):\n{Path(log.name).read_text()[-3000:]}")
+            if time.monotonic() - start > 300:
+                return verdict(f"serve {shape}", False, "not healthy after 300 s")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        ready = time.monotonic() - start
+        path, body = _request(shape)
+        t = time.monotonic()
+        r = httpx.post(url + path, json=body, timeout=120)
+        latency = time.monotonic() - t
+        ok = r.status_code == 200 and r.json()["usage"]["completion_tokens"] == NEW_TOKENS
+        detail = (f"ready in {ready:.0f} s, {path} {r.status_code} in {latency * 1e3:.0f} ms, "
+                  f"{r.json().get('usage') if r.status_code == 200 else r.text[:300]}")
+        return verdict(f"serve {shape}", ok, detail)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def check_bench() -> bool:
+    runs = {
+        "one_batch": ["bench", "one-batch", "--shape", "mt5-large", "--batch-sizes", "1,64",
+                      "--output-len", "64"],
+        "offline": ["bench", "offline", "--shape", "mt5-large", "--num-requests", "512",
+                    "--batch-sizes", "256", "--output-len", "64"],
+    }
+    ok, lines = True, []
+    for name, args in runs.items():
+        out = LOGS / f"bench_{name}.json"
+        p = subprocess.run(_cli(*args, "--json", str(out)), cwd=ROOT, capture_output=True,
+                           text=True)
+        lines += [ln for ln in p.stdout.splitlines() if ln.startswith("seq2serve")]
+        if p.returncode:
+            ok = False
+            lines.append(p.stderr[-2000:])
+    return verdict("bench", ok, " | ".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="tests,serve,bench")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    args = parser.parse_args()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    parts = args.only.split(",")
+    results = []
+    if "tests" in parts:
+        results.append(check_tests())
+    if "serve" in parts:
+        results += [check_serve(s) for s in args.shapes.split(",")]
+    if "bench" in parts:
+        results.append(check_bench())
+    failed = results.count(False)
+    print(f"gpu check: {len(results) - failed} of {len(results)} parts passed", flush=True)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
