@@ -36,7 +36,10 @@ NEW_TOKENS = 16
 
 
 def verdict(part: str, ok: bool, detail: str) -> bool:
-    print(f"{'PASS' if ok else 'FAIL'}  {part:<22} {detail}", flush=True)
+    line = f"{'PASS' if ok else 'FAIL'}  {part:<22} {detail}"
+    print(line, flush=True)
+    with open(LOGS / "verdicts.txt", "a") as f:
+        f.write(line + "\n")
     return ok
 
 
@@ -48,15 +51,26 @@ def check_tests() -> bool:
     log = LOGS / "gpu_tests.log"
     start = time.monotonic()
     with open(log, "w") as f:
+        # several workers: most of the time is Triton compiling kernel variants on the CPU
+        workers = ["-n", str(min(8, os.cpu_count() or 1))] if _has_xdist() else []
         code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
-                                "no:cacheprovider", "tests/test_gpu.py",
+                                "no:cacheprovider", *workers, "--durations=10",
+                                "tests/test_gpu.py",
                                 "tests/test_triton_kernels.py", "tests/test_triton_ops.py"],
                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-    summary = lines[-1] if lines else "no output"
+    summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or
+                                                                      "failed" in ln)),
+                   lines[-1] if lines else "no output")
     if code:
         print("\n".join(lines[-40:]))
     return verdict("tests", code == 0, f"{summary} ({time.monotonic() - start:.0f} s)")
+
+
+def _has_xdist() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("xdist") is not None
 
 
 def _free_port() -> int:
@@ -133,10 +147,10 @@ def check_serve(shape: str) -> bool:
 
 def check_bench() -> bool:
     runs = {
-        "one_batch": ["bench", "one-batch", "--shape", "mt5-large", "--batch-sizes", "1,64",
+        "one_batch": ["bench", "one-batch", "--shape", "mt5-large", "--batch-sizes", "1",
                       "--output-len", "64"],
-        "offline": ["bench", "offline", "--shape", "mt5-large", "--num-requests", "512",
-                    "--batch-sizes", "256", "--output-len", "64"],
+        "offline": ["bench", "offline", "--shape", "mt5-large", "--num-requests", "256",
+                    "--batch-sizes", "128", "--output-len", "64"],
     }
     ok, lines = True, []
     for name, args in runs.items():
@@ -156,6 +170,7 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
     LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / "verdicts.txt").unlink(missing_ok=True)
     parts = args.only.split(",")
     results = []
     if "tests" in parts:
