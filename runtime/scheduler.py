@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +70,10 @@ class Scheduler:
         self.eos_ids = tuple(sorted(eos))
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self.batch_log: list[tuple[str, int]] = []  # (forward mode, batch size) of each forward
+        # per forward mode: how many forwards and the largest batch (counters, not a log: a
+        # server runs millions of forwards)
+        self.forwards: Counter[str] = Counter()
+        self.max_batch: dict[str, int] = {}
         self.last_result: GenerationResult | None = None
         self.last_batch: ScheduleBatch | None = None
         self.num_retractions = 0
@@ -168,7 +171,7 @@ class Scheduler:
             outputs = self._flush()
             if jobs:
                 self.encoder_stage.run(jobs)
-                self.batch_log.append((ForwardMode.ENCODE.value, len(jobs)))
+                self._count(ForwardMode.ENCODE.value, len(jobs))
             assert all(r.cross_ready for r in admitted)
             outputs += self._run(ForwardMode.EXTEND, admitted)
             self.running.extend(r for r in admitted if not r.finished)
@@ -277,7 +280,7 @@ class Scheduler:
         else:
             batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
         batch.worker_batch.input_ids_device = input_ids
-        self.batch_log.append((mode.value, batch.batch_size))
+        self._count(mode.value, batch.batch_size)
         return _InFlight(batch, self.worker.launch(batch.worker_batch))
 
     def _resolve(self, f: _InFlight) -> list[TokenOutput]:
@@ -341,6 +344,10 @@ class Scheduler:
                          "decode_seconds": req.finish_time - req.first_token_time}
         return out
 
+    def _count(self, mode: str, batch_size: int) -> None:
+        self.forwards[mode] += 1
+        self.max_batch[mode] = max(self.max_batch.get(mode, 0), batch_size)
+
     # --- operations --------------------------------------------------------------------------
     def stats(self) -> dict:
         return {
@@ -349,8 +356,8 @@ class Scheduler:
             "encoder_forwards": self.encoder_stage.num_forwards,
             "encoder_projections": self.encoder_stage.num_projected_inputs,
             "encoder_seconds": self.encoder_stage.seconds,
-            "forwards": len(self.batch_log),
-            "max_batch_size": max((n for m, n in self.batch_log if m == "decode"), default=0),
+            "forwards": sum(self.forwards.values()),
+            "max_batch_size": self.max_batch.get(ForwardMode.DECODE.value, 0),
             "retractions": self.num_retractions,
             "pixel_requests": self.num_pixel_requests,  # images by reference no longer cached
             "host_wait_seconds": self.wait_seconds,

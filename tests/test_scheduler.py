@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from seq2serve.runtime.tokenizer import load_tokenizer
 from seq2serve.tests.helpers import (SOURCES, hf_greedy, make_scheduler, request,
@@ -28,13 +29,15 @@ def test_requests_join_a_running_batch(t5_dir, sources, overlap):
                                       ignore_eos=True))
         return step < max(arrivals)
 
+    modes = []  # each forward's mode, in order
+    launch = sched.worker.launch
+    sched.worker.launch = lambda wb: modes.append(wb.forward_mode.value) or launch(wb)
     out = run_to_completion(sched, on_step=arrive)
-    modes = [m for m, _ in sched.batch_log]
     # later arrivals were prefilled while earlier requests were decoding ...
     first_decode = modes.index("decode")
     assert any(m == "extend" for m in modes[first_decode:])
     # ... and then decoded together with them
-    assert max(n for m, n in sched.batch_log if m == "decode") >= 3
+    assert sched.max_batch["decode"] >= 3
     for rid, ids in out.items():
         alone = make_scheduler(t5_dir)
         alone.add_request(request(rid, sources[int(rid)], max_new_tokens=MAX_NEW,
@@ -97,7 +100,7 @@ def test_small_cross_pool_makes_requests_wait(t5_dir, sources):
     out = run_to_completion(sched)
     assert len(out) == len(sources)
     # never more requests at once than the cross pool could hold
-    assert max(n for m, n in sched.batch_log if m == "decode") < len(sources)
+    assert sched.max_batch["decode"] < len(sources)
     for i, ids in enumerate(sources):
         assert out[str(i)] == hf_greedy(t5_dir, ids, 6)
 
@@ -131,3 +134,26 @@ def test_abort_frees_memory(t5_dir, sources, overlap):
     out = run_to_completion(sched)
     assert set(out) == {"0", "2"}
     assert sched.abort_request("1") is None
+
+
+def test_no_per_step_structure_grows(t5_dir):
+    """A long-running server's scheduler keeps counters, not a log per forward: after many
+    decode steps its bookkeeping is the size it was after a few."""
+    sched = make_scheduler(t5_dir)
+
+    def sizes() -> dict[str, int]:
+        return {name: len(v) for name, v in vars(sched).items()
+                if hasattr(v, "__len__") and not isinstance(v, (str, bytes, torch.Tensor))}
+
+    def wave(n: int) -> None:
+        for i in range(n):
+            sched.add_request(request(f"w{i}", [5, 6, 7], max_new_tokens=30, ignore_eos=True))
+        run_to_completion(sched)
+
+    wave(2)
+    before = sizes()
+    for _ in range(5):
+        wave(2)
+    grown = {k: (before[k], n) for k, n in sizes().items() if n > before.get(k, 0)}
+    assert not grown, grown
+    assert sched.stats()["forwards"] > 150
