@@ -8,7 +8,6 @@ SIGTERM stops uvicorn, then the children, and exits 0. If a child dies, the serv
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.body_limit import BodySizeLimit
+from seq2serve.runtime.http_middleware import AuthAndCount
 from seq2serve.runtime.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.metrics import ServerMetrics
 from seq2serve.runtime.openai_protocol import (AbortBody, ChatCompletionRequest,
@@ -36,7 +36,6 @@ from seq2serve.runtime.tokenizer_manager import EngineDeadError, TokenizerManage
 logger = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.5
-_OPEN_PATHS = {"/health"}
 
 
 def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -> FastAPI:
@@ -61,20 +60,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     app = FastAPI(title="seq2serve", lifespan=lifespan)
     app.state.tm, app.state.metrics, app.state.serving = tm, metrics, serving
 
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next):
-        if args.api_key and request.url.path not in _OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {args.api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                response = json_error(401, "invalid or missing API key "
-                                      "(send 'Authorization: Bearer KEY')",
-                                      kind="authentication_error")
-                metrics.requests.labels(request.url.path, "401").inc()
-                return response
-        response = await call_next(request)
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(AuthAndCount, api_key=args.api_key, metrics=metrics, router=app.router)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):

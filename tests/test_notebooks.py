@@ -58,11 +58,13 @@ def kernel_name(tmp_path, monkeypatch) -> str:
 def _printed(nb: nbformat.NotebookNode) -> str:
     parts = []
     for cell in nb.cells:
+        streamed = []  # one print may arrive in several stream messages: join them as is
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
-                parts.append(out.text)
+                streamed.append(out.text)
             elif "text/plain" in out.get("data", {}):
                 parts.append(out.data["text/plain"])
+        parts.append("".join(streamed))
     return "\n".join(parts)
 
 
