@@ -104,3 +104,23 @@ def _per_prompt(key: str, value: Any, n: int, is_batch: bool) -> list[Any]:
     if key == "rid" and is_batch and value is not None:
         raise ValueError("rid must be a list with one id per prompt for a batch")
     return [value] * n
+
+
+def invalid_text(value: Any, path: str = "") -> str | None:
+    """Where `value` (a JSON body or a part of it) holds a string that is not valid Unicode (a
+    lone UTF-16 surrogate such as "\\ud800", which JSON allows and no tokenizer takes): a
+    description naming the field, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"{path or 'the body'}: invalid Unicode at character {e.start} (a lone "
+                    f"surrogate {value[e.start]!a}); send UTF-8 text")
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, item in items:
+        found = invalid_text(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None

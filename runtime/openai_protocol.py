@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from seq2serve.runtime.generate_request import invalid_text
 
 Stop = str | list[str] | None
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        problem = invalid_text(data)
+        if problem:
+            raise ValueError(problem)
+        return data
 
 
 class SGLangExtras(_Body):

@@ -44,6 +44,7 @@ class ServerArgs:
     max_prompt_tokens: int | None = None  # longest prompt / encoder input (unset: the model's)
     max_new_tokens_limit: int | None = None  # largest max_tokens accepted (unset: the context)
     max_n: int = 16  # largest n (samples per prompt)
+    max_batch_inputs: int = 1024  # most prompts times n in one request (a batch, translations)
     # images (vision models)
     max_images_per_request: int = 4  # most images in one request
     max_image_pixels: int = 40_000_000  # largest width * height of one image
@@ -68,7 +69,7 @@ class ServerArgs:
         _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
-                     "max_n")
+                     "max_n", "max_batch_inputs")
         for name in _positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -118,7 +119,8 @@ class ServerArgs:
 
         return RequestLimits(max_prompt_tokens=self.max_prompt_tokens,
                              max_new_tokens=self.max_new_tokens_limit, max_n=self.max_n,
-                             max_images=self.max_images_per_request)
+                             max_images=self.max_images_per_request,
+                             max_batch_inputs=self.max_batch_inputs)
 
     def resolved_device(self) -> str:
         import torch

@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
 from seq2serve.encoders.image_loader import MediaPolicy, read_image
-from seq2serve.runtime.generate_request import GenerateReqInput
+from seq2serve.runtime.generate_request import GenerateReqInput, invalid_text
 from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
                                          ControlRequest, TokenizedRequest, TokenOutput)
 from seq2serve.runtime.ipc import IpcNames, socket
@@ -40,6 +40,7 @@ class RequestLimits:
     max_new_tokens: int | None = None
     max_n: int = 16
     max_images: int = 4
+    max_batch_inputs: int = 1024
 
 
 class EngineDeadError(RuntimeError):
@@ -87,6 +88,8 @@ class TokenizerManager:
             # run side by side
             self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                                  thread_name_prefix="seq2serve-images")
+        # no token covers more characters than this: a longer prompt is refused untokenized
+        self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
         self.states: dict[str, _ReqState] = {}
         # (user, image key) of images whose pixels the scheduler was sent: repeats of them go
         # by reference, and the scheduler asks for the pixels again if it no longer has them
@@ -111,6 +114,11 @@ class TokenizerManager:
     def tokenize(self, obj: GenerateReqInput) -> tuple[bool, list[TokenizedRequest]]:
         """Validate and tokenize; one TokenizedRequest per prompt and sample (n)."""
         is_batch, items = obj.normalize()
+        inputs = sum(max(1, (item["sampling_params"] or {}).get("n") or 1) for item in items)
+        if inputs > self.limits.max_batch_inputs:
+            raise ValueError(f"{inputs} inputs (prompts times n) in one request, over this "
+                             f"server's limit of {self.limits.max_batch_inputs} "
+                             f"(max_batch_inputs)")
         per_item = self._images([item["image_data"] for item in items])
         reqs = []
         for item, images in zip(items, per_item):
@@ -141,7 +149,7 @@ class TokenizerManager:
                     images=images, cross_spans=spans, user=obj.user,
                 ))
         rids = [r.rid for r in reqs]
-        if len(set(rids)) != len(rids) or any(r in self.states for r in rids):
+        if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")
         return is_batch or len(reqs) > 1, reqs
 
@@ -169,6 +177,13 @@ class TokenizerManager:
         return [[next(done) for _ in sources] for sources in per_prompt]
 
     def _prompt_ids(self, text: str) -> list[int]:
+        problem = invalid_text(text, "text")
+        if problem:
+            raise ValueError(problem)
+        limit, name = self._prompt_token_limit()
+        if len(text) > limit * self.max_token_chars:
+            raise ValueError(f"the prompt is {len(text)} characters, more than {limit} tokens "
+                             f"of at most {self.max_token_chars} characters can hold ({name})")
         if self.image_processor is None:
             return self.tokenizer(text).input_ids
         # exactly as HF's Mllama processor: unless the prompt has a BOS token already, one is
@@ -181,6 +196,13 @@ class TokenizerManager:
                 text, leading = text[len(image):], leading + 1
             text = image * leading + bos + text
         return self.tokenizer(text).input_ids
+
+    def _prompt_token_limit(self) -> tuple[int, str]:
+        if self.limits.max_prompt_tokens is not None:
+            return self.limits.max_prompt_tokens, "max_prompt_tokens"
+        if self.is_encoder_decoder:
+            return self.info["max_encoder_len"], "max_encoder_len"
+        return self.info["context_length"], "context_length"
 
     def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
         vocab = self.info["vocab_size"]
@@ -247,11 +269,11 @@ class TokenizerManager:
         otherwise one final dict per prompt/sample, in order. Cancelling aborts them."""
         self._check_alive()
         await self.start()
-        if obj.image_data is not None and self.image_pool is not None:
-            # images take a while: keep the event loop (and other requests) moving
-            _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
-        else:
-            _, reqs = self.tokenize(obj)
+        # tokenizing (and decoding images) is CPU work: off the event loop, so that a huge
+        # prompt does not stall other requests and /health
+        _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
+        if any(r.rid in self.states for r in reqs):
+            raise ValueError("rid must be unique among running requests")
         states = [_ReqState(rid=r.rid, index=i, request=r) for i, r in enumerate(reqs)]
         for s in states:
             self.states[s.rid] = s

@@ -79,3 +79,68 @@ def test_metrics_label_routes_not_raw_paths(server):
     assert any('endpoint="other"' in ln and 'status="401"' in ln for ln in lines), lines
     assert any('endpoint="other"' in ln and 'status="404"' in ln for ln in lines), lines
     assert len(lines) < 20, lines
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("/v1/completions", {"prompt": "translate digits to English: \ud800 5"}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x\ud800"}]},
+     "messages.0.content"),
+    ("/generate", {"text": "\ud800", "stream": True}, "text"),
+    ("/v1/translations", {"input": ["5", "\udfff"], "source_lang": "digits",
+                          "target_lang": "English"}, "input.1"),
+    ("/v1/completions", {"prompt": "5", "stop": ["\ud800"]}, "stop.0"),
+])
+def test_invalid_unicode_is_a_400_naming_the_field(server, path, body, field):
+    import json
+
+    raw = json.dumps(body)  # json.dumps writes a lone surrogate as the escape \\ud800
+    r = httpx.post(server.url + path, content=raw, timeout=30,
+                   headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert field in message and "invalid Unicode" in message, message
+
+
+def test_huge_prompts_are_refused_at_once_and_never_stall_the_server(server):
+    """A 5 MB prompt is refused by its length in characters before any tokenizing, and
+    prompts that do get tokenized are tokenized off the event loop: /health stays quick."""
+    import threading
+
+    huge = "translate digits to English: " + "12345 " * 850_000  # 5.1 MB
+    start = time.monotonic()
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": huge, "max_tokens": 4},
+                   headers=AUTH, timeout=60)
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - start < 2.0
+
+    # under the character bound (the demo's 2048 encoder tokens of at most 16 characters):
+    # tokenized, then refused by its token count
+    big = "5 " * 16_000
+    results, health = [], []
+
+    def post():
+        results.append(httpx.post(server.url + "/v1/completions", timeout=60, headers=AUTH,
+                                  json={"prompt": big, "max_tokens": 4}).status_code)
+
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        health.append(time.monotonic() - t0)
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert results == [400] * 4
+    assert max(health) < 0.5, health
+
+
+def test_inputs_per_request_are_capped(server):
+    body = {"input": ["5"] * 1025, "source_lang": "digits", "target_lang": "English"}
+    r = httpx.post(server.url + "/v1/translations", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400 and "max_batch_inputs" in r.json()["error"]["message"], r.text
+    r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=30,
+                   json={"prompt": ["5"] * 300, "n": 4, "max_tokens": 2})
+    assert r.status_code == 400 and "1200 inputs" in r.json()["error"]["message"], r.text
+    assert _wait_idle(server, within=2.0) < 2.0
