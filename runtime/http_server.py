@@ -2,7 +2,8 @@
 
 Lifecycle: `run_server` starts the scheduler and detokenizer processes, then serves. Ctrl-C or
 SIGTERM stops uvicorn, then the children, and exits 0. If a child dies, the server logs it,
-/health starts failing, and the process exits non-zero within seconds.
+/health answers 503 and open streams end with an error event for a second, then the process
+exits non-zero.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from seq2serve.runtime.tokenizer_manager import EngineDeadError, TokenizerManage
 logger = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.5
+# after a child dies: how long /health keeps answering 503 and streams get their error events
+# before the server exits (clients see why, instead of a refused connection)
+_DEAD_GRACE_S = 1.0
 
 
 def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -> FastAPI:
@@ -147,6 +151,7 @@ async def _watch(procs: RuntimeProcesses, tm: TokenizerManager, on_child_death) 
         if reason is not None:
             logger.error("%s; the server can no longer serve and will exit", reason)
             tm.mark_dead(reason)
+            await asyncio.sleep(_DEAD_GRACE_S)
             if on_child_death is not None:
                 on_child_death(reason)
             return

@@ -18,7 +18,7 @@ from seq2serve.runtime.generate_request import GenerateReqInput
 from seq2serve.runtime.openai_protocol import (ChatCompletionRequest, CompletionRequest,
                                                GenerateRequest, TranslationRequest)
 from seq2serve.runtime.prompts import chat_prompt, translation_prompt
-from seq2serve.runtime.tokenizer_manager import TokenizerManager
+from seq2serve.runtime.tokenizer_manager import EngineDeadError, TokenizerManager
 
 _DISCONNECT_POLL_S = 0.2
 
@@ -43,6 +43,24 @@ def error_body(message: str, kind: str = "invalid_request_error",
 
 def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    """A stream of server-sent events that, if the request fails after the 200 was sent (the
+    scheduler died, the request was refused late), ends with an OpenAI-style error event and
+    `data: [DONE]` instead of a silently closed connection."""
+    async def guarded():
+        try:
+            async for event in events:
+                yield event
+        except EngineDeadError as e:
+            yield _sse(error_body(str(e), kind="service_unavailable", code=503))
+            yield "data: [DONE]\n\n"
+        except ValueError as e:
+            yield _sse(error_body(str(e), code=400))
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(guarded(), media_type="text/event-stream")
 
 
 def _finish(reason: dict | None) -> str | None:
@@ -192,7 +210,7 @@ class OpenAIServing:
                             "model": self.model_name, "choices": [], "usage": usage})
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return sse_response(events())
 
     @staticmethod
     def _count_usage(usage: dict[str, int], chunk: dict[str, Any], n: int) -> None:
@@ -275,7 +293,7 @@ class OpenAIServing:
                 yield _sse({**chunk_of([]), "usage": usage})
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return sse_response(events())
 
     # --- /generate (SGLang native) -----------------------------------------------------------
     async def generate(self, body: GenerateRequest, request: Request):
@@ -304,7 +322,7 @@ class OpenAIServing:
                 chunk = await anext(agen, None)
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return sse_response(events())
 
     # --- /v1/translations --------------------------------------------------------------------
     async def translations(self, body: TranslationRequest, request: Request):
@@ -337,7 +355,7 @@ class OpenAIServing:
                     chunk = await anext(agen, None)
                 yield "data: [DONE]\n\n"
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+            return sse_response(events())
         results = await self.collect(obj, request)
         return {"id": rid, "object": "translation", "created": created, "model": self.model_name,
                 "data": [{"index": i, "translation": r["text"],

@@ -144,3 +144,49 @@ def test_inputs_per_request_are_capped(server):
                    json={"prompt": ["5"] * 300, "n": 4, "max_tokens": 2})
     assert r.status_code == 400 and "1200 inputs" in r.json()["error"]["message"], r.text
     assert _wait_idle(server, within=2.0) < 2.0
+
+
+def test_streams_end_with_an_error_event_when_the_scheduler_dies():
+    """Streams in flight when the scheduler dies end with an error event (and [DONE]), not a
+    silently closed connection; /health answers 503 until the server is gone."""
+    import json
+    import os
+    import signal
+    import threading
+
+    srv = ServerProcess(DEMO)
+    try:
+        events: dict[int, list[str]] = {}
+        started = threading.Barrier(5)
+
+        def stream(i: int) -> None:
+            body = {"prompt": f"translate digits to English: {i}", "max_tokens": LONG,
+                    "ignore_eos": True, "stream": True}
+            got = events.setdefault(i, [])
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body,
+                              timeout=30) as r:
+                lines = r.iter_lines()
+                got.append(next(lines))
+                started.wait()
+                got.extend(ln for ln in lines if ln)
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        started.wait()
+        pids = {open(f"/proc/{p}/cmdline", "rb").read(): p for p in srv.children()}
+        os.kill(next(p for cmd, p in pids.items() if b"scheduler" in cmd), signal.SIGKILL)
+        deadline = time.monotonic() + 2  # the server notices within its watch interval
+        while (health := httpx.get(srv.url + "/health", timeout=5)).status_code == 200:
+            assert time.monotonic() < deadline, "still healthy"
+            time.sleep(0.05)
+        for t in threads:
+            t.join(30)
+        assert health.status_code == 503 and "scheduler" in health.text, health.text
+        for i, got in events.items():
+            assert got[-1] == "data: [DONE]", got[-3:]
+            error = json.loads(got[-2].removeprefix("data: "))["error"]
+            assert error["code"] == 503 and "scheduler" in error["message"], error
+        assert srv.proc.wait(timeout=15) != 0
+    finally:
+        srv.kill()
