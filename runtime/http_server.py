@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.body_limit import BodySizeLimit
 from seq2serve.runtime.http_middleware import AuthAndCount
+from seq2serve.runtime.http_protocol import header_deadline_protocol
 from seq2serve.runtime.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.metrics import ServerMetrics
 from seq2serve.runtime.openai_protocol import (AbortBody, ChatCompletionRequest,
@@ -199,8 +200,11 @@ def run_server(args: ServerArgs) -> int:
     try:
         app = create_app(args, procs, on_child_death)
         config = uvicorn.Config(BodySizeLimit(app, args.max_request_bytes), host=args.host,
-                                port=args.port,
-                                log_level=args.log_level, timeout_graceful_shutdown=5)
+                                port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=5,
+                                http=header_deadline_protocol(args.header_timeout),
+                                timeout_keep_alive=args.timeout_keep_alive,
+                                limit_concurrency=args.max_connections)
         server = uvicorn.Server(config)
         info = procs.info
         print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {info['device']} "

@@ -45,6 +45,10 @@ class ServerArgs:
     max_new_tokens_limit: int | None = None  # largest max_tokens accepted (unset: the context)
     max_n: int = 16  # largest n (samples per prompt)
     max_batch_inputs: int = 1024  # most prompts times n in one request (a batch, translations)
+    # connections (HTTP server)
+    max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
+    header_timeout: float = 10.0  # seconds a client has to send a request's headers
+    timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
     # images (vision models)
     max_images_per_request: int = 4  # most images in one request
     max_image_pixels: int = 40_000_000  # largest width * height of one image
@@ -69,7 +73,8 @@ class ServerArgs:
         _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
-                     "max_n", "max_batch_inputs")
+                     "max_n", "max_batch_inputs", "max_connections",
+                     "timeout_keep_alive")
         for name in _positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -79,6 +84,9 @@ class ServerArgs:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if not (isinstance(self.header_timeout, (int, float)) and self.header_timeout > 0):
+            raise ValueError(f"header_timeout must be a positive number of seconds, "
+                             f"got {self.header_timeout!r}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
         if self.cache_isolation not in ("none", "user"):

@@ -190,3 +190,31 @@ def test_streams_end_with_an_error_event_when_the_scheduler_dies():
         assert srv.proc.wait(timeout=15) != 0
     finally:
         srv.kill()
+
+
+def test_slow_clients_lose_their_connections_and_are_capped():
+    """Connections that never finish their headers are closed after --header-timeout; past
+    --max-connections a new request gets a 503 rather than a socket held open."""
+    import socket
+
+    srv = ServerProcess(DEMO, "--header-timeout", "1", "--max-connections", "30")
+    try:
+        host, port = "127.0.0.1", srv.port
+        slow = []
+        for _ in range(40):
+            s = socket.create_connection((host, port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")  # half a header
+            slow.append(s)
+        time.sleep(0.2)
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 503  # at the cap
+        time.sleep(1.5)
+        for s in slow:  # the server closed each: a read returns end-of-stream
+            s.settimeout(5)
+            assert s.recv(1024) == b""
+            s.close()
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+        r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                       json={"prompt": "translate digits to English: 7", "max_tokens": 8})
+        assert r.status_code == 200, r.text
+    finally:
+        srv.kill()
