@@ -26,6 +26,7 @@ class TokenizedRequest:
     # None: every position reads all of them
     cross_spans: list[tuple[int, int, int]] | None = None
     user: str | None = None  # the caller's user id (cache isolation)
+    group: str | None = None  # requests of one call (a batch, n samples) share it: fairness
 
 
 @dataclass

@@ -69,6 +69,8 @@ class Scheduler:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = tuple(sorted(eos))
         self.waiting: deque[Req] = deque()
+        self.group_tags: dict[str, int] = {}  # each caller's last fair_tag (see _enqueue)
+        self.admitted_tag = 0  # fair_tag of the last request admitted
         self.running: list[Req] = []
         # per forward mode: how many forwards and the largest batch (counters, not a log: a
         # server runs millions of forwards)
@@ -124,7 +126,21 @@ class Scheduler:
         # prefixes, the encoder inputs they were computed under
         user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
         req.namespace = (user_ns, *(seg.key for seg in req.segments))
-        self.waiting.append(req)
+        self._enqueue(req, tr.group or tr.rid)
+
+    def _enqueue(self, req: Req, group: str) -> None:
+        """Fair admission across callers: the k-th waiting request of a call is admitted after
+        the k-th of every other call waiting, so a request of 1,000 prompts does not hold back
+        a one-prompt request that arrives after it (start-time fair queueing, one unit each)."""
+        req.fair_tag = max(self.group_tags.get(group, 0), self.admitted_tag) + 1
+        self.group_tags[group] = req.fair_tag
+        if len(self.group_tags) > 4 * len(self.waiting) + 1024:  # forget finished callers
+            self.group_tags = {g: t for g, t in self.group_tags.items()
+                               if t > self.admitted_tag}
+        i = len(self.waiting)
+        while i and self.waiting[i - 1].fair_tag > req.fair_tag:
+            i -= 1
+        self.waiting.insert(i, req)
 
     def abort_request(self, rid: str) -> TokenOutput | None:
         """Finish a queued or running request now and free its memory."""
@@ -223,7 +239,7 @@ class Scheduler:
         return self._resolve(f)
 
     def _admit(self) -> tuple[list[Req], list]:
-        """Take waiting requests (FCFS) while slots, pools and the prefill budget allow;
+        """Take waiting requests (in fair order) while slots, pools and the prefill budget allow;
         returns them and the encoder work they still need."""
         admitted: list[Req] = []
         jobs: list = []
@@ -246,6 +262,9 @@ class Scheduler:
             if req_jobs is None:
                 break
             self.waiting.popleft()
+            self.admitted_tag = max(self.admitted_tag, req.fair_tag)
+            if not self.waiting:  # no caller is behind another: no history needed
+                self.group_tags.clear()
             admitted.append(req)
             jobs += req_jobs
             budget -= req.seq_len

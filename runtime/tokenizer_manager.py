@@ -121,6 +121,7 @@ class TokenizerManager:
                              f"(max_batch_inputs)")
         per_item = self._images([item["image_data"] for item in items])
         reqs = []
+        group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
         for item, images in zip(items, per_item):
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])
@@ -146,7 +147,7 @@ class TokenizerManager:
                     encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
                     stream=obj.stream, return_logprob=obj.return_logprob,
                     top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
-                    images=images, cross_spans=spans, user=obj.user,
+                    images=images, cross_spans=spans, user=obj.user, group=group,
                 ))
         rids = [r.rid for r in reqs]
         if len(set(rids)) != len(rids):

@@ -157,3 +157,24 @@ def test_no_per_step_structure_grows(t5_dir):
     grown = {k: (before[k], n) for k, n in sizes().items() if n > before.get(k, 0)}
     assert not grown, grown
     assert sched.stats()["forwards"] > 150
+
+
+def test_admission_is_fair_across_callers(t5_dir):
+    """A call of 40 prompts queued first does not hold back a one-prompt call made after it:
+    the latter is admitted with the former's second prompt, not its forty-first."""
+    sched = make_scheduler(t5_dir, max_running_requests=2)
+    for i in range(40):
+        tr = request(f"big{i}", [5, 6, 7, 8], max_new_tokens=4, ignore_eos=True)
+        tr.group = "big"
+        sched.add_request(tr)
+    sched.add_request(request("small", [9, 10], max_new_tokens=4, ignore_eos=True))
+    finished = []
+    while sched.has_work:
+        for o in sched.step():
+            if o.finished_reason is not None:
+                finished.append(o.rid)
+    assert finished.index("small") < 4, finished[:8]
+    # the big call's own prompts keep their order
+    big = [r for r in finished if r.startswith("big")]
+    assert big == sorted(big, key=lambda r: int(r[3:]))
+    assert not sched.group_tags  # nothing waits: no history kept
