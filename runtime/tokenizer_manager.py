@@ -21,6 +21,7 @@ import zmq.asyncio
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
 from seq2serve.encoders.image_loader import MediaPolicy, read_image
+from seq2serve.encoders.image_processor import release_freed_memory
 from seq2serve.runtime.generate_request import GenerateReqInput, invalid_text
 from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
                                          ControlRequest, TokenizedRequest, TokenOutput)
@@ -174,7 +175,10 @@ class TokenizerManager:
                 raise ValueError(f"image {i}: {e}") from None
 
         flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
-        done = iter(list(self.image_pool.map(one, flat)))
+        try:
+            done = iter(list(self.image_pool.map(one, flat)))
+        finally:
+            release_freed_memory()
         return [[next(done) for _ in sources] for sources in per_prompt]
 
     def _prompt_ids(self, text: str) -> list[int]:

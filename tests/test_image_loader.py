@@ -113,3 +113,34 @@ def test_pixel_bombs_are_refused_before_decoding():
     assert time.monotonic() - start < 1.0
     with pytest.raises(ValueError, match="could not be decoded"):
         load_image(SMALL[:100], MediaPolicy())
+
+
+def test_near_limit_images_leave_no_memory_behind(tmp_path):
+    """32 images of 6300x6300 (just under the default pixel limit) through the tokenizer
+    manager's preprocessing threads: the process ends within 150 MB of where it started (it
+    was 600+ MB larger for good before the freed buffers were handed back)."""
+    import io
+
+    import numpy as np
+    import psutil
+    from PIL import Image
+
+    from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+    from seq2serve.runtime.tokenizer import load_tokenizer
+    from seq2serve.runtime.tokenizer_manager import TokenizerManager
+
+    path = str(write_mllama_checkpoint(tmp_path / "m"))
+    info = {"is_encoder_decoder": False, "has_vision": True, "dtype": "float32",
+            "tokens_per_tile": 5, "encoder_cache": False}
+    tm = TokenizerManager(None, load_tokenizer(path), info, path)
+    small = (np.random.default_rng(0).random((60, 60, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((6300, 6300), Image.NEAREST).save(buf, format="PNG")
+    png = buf.getvalue()
+    process = psutil.Process()
+    tm._images([[png]])  # warm up: the processor's own first-use allocations
+    before = process.memory_info().rss
+    for wave in range(4):  # distinct bytes each time: no memo hit
+        tm._images([[png + bytes([wave, i]) for i in range(4)] for _ in range(2)])
+    grown = (process.memory_info().rss - before) / 2**20
+    assert grown < 150, f"{grown:.0f} MB more resident"
