@@ -178,3 +178,20 @@ def test_admission_is_fair_across_callers(t5_dir):
     big = [r for r in finished if r.startswith("big")]
     assert big == sorted(big, key=lambda r: int(r[3:]))
     assert not sched.group_tags  # nothing waits: no history kept
+
+
+def test_radix_keeps_no_root_per_source_it_ever_saw(t5_dir):
+    """Each distinct source is a radix namespace: once its prefixes are evicted or flushed and
+    no request holds it, its root goes too (a soak of distinct sources grew otherwise)."""
+    sched = make_scheduler(t5_dir)
+    for i in range(30):
+        sched.add_request(request(str(i), [5, 6, 7, 100 + i], max_new_tokens=3,
+                                  ignore_eos=True))
+    run_to_completion(sched)
+    radix = sched.memory.radix
+    assert len(radix.roots) <= 30
+    sched.flush_cache()
+    assert not radix.roots
+    sched.add_request(request("again", [5, 6, 7, 100], max_new_tokens=3, ignore_eos=True))
+    run_to_completion(sched)
+    sched.check_integrity()

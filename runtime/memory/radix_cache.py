@@ -29,6 +29,7 @@ class RadixNode:
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)  # by first page
     lock_ref: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    namespace: Namespace | None = None  # set on roots only
 
 
 class RadixCache:
@@ -42,8 +43,16 @@ class RadixCache:
 
     def _root(self, ns: Namespace) -> RadixNode:
         if ns not in self.roots:
-            self.roots[ns] = RadixNode()
+            self.roots[ns] = RadixNode(namespace=ns)
         return self.roots[ns]
+
+    def _drop_if_empty(self, node: RadixNode | None) -> None:
+        """Forget a namespace's root once nothing is cached under it and no request holds it:
+        every distinct source is a namespace, so a server would otherwise keep one root per
+        source it ever saw."""
+        if node is not None and node.parent is None and not node.children and \
+                node.lock_ref == 0 and self.roots.get(node.namespace) is node:
+            del self.roots[node.namespace]
 
     # --- lookups -----------------------------------------------------------------------------
     def match_prefix(self, ns: Namespace, tokens: list[int]) -> tuple[list[int], RadixNode]:
@@ -79,6 +88,7 @@ class RadixCache:
         while node is not None:
             assert node.lock_ref > 0, "radix node unlocked more often than locked"
             node.lock_ref -= 1
+            self._drop_if_empty(node)
             node = node.parent
 
     # --- inserting ---------------------------------------------------------------------------
@@ -131,6 +141,7 @@ class RadixCache:
             freed += len(leaf.pages)
             self.evicted_pages += len(leaf.pages)
             del leaf.parent.children[leaf.tokens[:self.page_size]]
+            self._drop_if_empty(leaf.parent)
         return freed
 
     def evictable_pages(self) -> int:
@@ -138,7 +149,10 @@ class RadixCache:
 
     def flush(self) -> int:
         """Free everything no request holds; returns the pages freed."""
-        return self.evict(self.evictable_pages())
+        freed = self.evict(self.evictable_pages())
+        for root in list(self.roots.values()):
+            self._drop_if_empty(root)
+        return freed
 
     def _nodes(self):
         stack = [c for r in self.roots.values() for c in r.children.values()]
