@@ -1,9 +1,10 @@
 """The HTTP server: FastAPI + uvicorn in front of a TokenizerManager.
 
 Lifecycle: `run_server` starts the scheduler and detokenizer processes, then serves. Ctrl-C or
-SIGTERM stops uvicorn, then the children, and exits 0. If a child dies, the server logs it,
-/health answers 503 and open streams end with an error event for a second, then the process
-exits non-zero.
+SIGTERM drains: new requests and /health get 503 while running requests finish (at most
+`--shutdown-grace` seconds; a second signal stops at once); then uvicorn stops, then the
+children, and the process exits 0. If a child dies, the server logs it, /health answers 503 and
+open streams end with an error event for a second, then the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.body_limit import BodySizeLimit
+from seq2serve.runtime.http_drain import DrainingServer
 from seq2serve.runtime.http_middleware import AuthAndCount
 from seq2serve.runtime.http_protocol import header_deadline_protocol
 from seq2serve.runtime.launch import RuntimeProcesses, launch_processes
@@ -89,8 +91,9 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
 
     @app.get("/health")
     async def health():
-        if tm.dead_reason is not None:
-            return json_error(503, tm.dead_reason, kind="service_unavailable")
+        if tm.dead_reason is not None or tm.draining:
+            return json_error(503, tm.dead_reason or "the server is shutting down",
+                              kind="service_unavailable")
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -205,7 +208,7 @@ def run_server(args: ServerArgs) -> int:
                                 http=header_deadline_protocol(args.header_timeout),
                                 timeout_keep_alive=args.timeout_keep_alive,
                                 limit_concurrency=args.max_connections)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, app.state.tm, args.shutdown_grace)
         info = procs.info
         print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {info['device']} "
               f"{info['dtype']}, attention {info['attention_backend']}; KV pool "

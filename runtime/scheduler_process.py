@@ -10,6 +10,7 @@ import traceback
 
 import zmq
 
+from seq2serve.host_memory import PeriodicTrim
 from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
                                          ControlRequest, TokenizedRequest, TokenOutput)
 from seq2serve.runtime.ipc import IpcNames, parent_alive, socket
@@ -21,6 +22,10 @@ from seq2serve.runtime.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_MS = 500  # how often an idle scheduler checks that its parent is alive
+# The scheduler frees host memory every step (request objects, a CPU forward's tensors) and
+# glibc keeps it for reuse: trimmed when the scheduler goes idle and now and then while busy
+_IDLE_TRIM_S = 1.0
+_BUSY_TRIM_S = 30.0
 
 
 def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pid: int) -> None:
@@ -75,10 +80,15 @@ class SchedulerLoop:
         self.send = socket(ctx, zmq.PUSH, ipc.detokenizer_input, bind=False)
         self.poller = zmq.Poller()
         self.poller.register(self.recv, zmq.POLLIN)
+        self.trim = PeriodicTrim()
 
     def run(self) -> None:
+        busy = False
         while True:
-            timeout = 0 if self.scheduler.has_work else _IDLE_POLL_MS
+            if busy and not self.scheduler.has_work:
+                self.trim.maybe(_IDLE_TRIM_S)  # just went idle
+            busy = self.scheduler.has_work
+            timeout = 0 if busy else _IDLE_POLL_MS
             if not self.poller.poll(timeout) and not self.scheduler.has_work:
                 if not parent_alive(self.parent_pid):
                     return
@@ -88,6 +98,7 @@ class SchedulerLoop:
             outputs = self._drain()
             if self.scheduler.has_work:
                 outputs += self.scheduler.step()
+                self.trim.maybe(_BUSY_TRIM_S)
             if outputs:
                 self.send.send_pyobj(BatchTokenOutput(outputs))
 

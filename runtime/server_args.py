@@ -49,6 +49,7 @@ class ServerArgs:
     max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
     header_timeout: float = 10.0  # seconds a client has to send a request's headers
     timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
+    shutdown_grace: float = 30.0  # on SIGTERM: seconds running requests get to finish (503 to new)
     # images (vision models)
     max_images_per_request: int = 4  # most images in one request
     max_image_pixels: int = 40_000_000  # largest width * height of one image
@@ -87,6 +88,9 @@ class ServerArgs:
         if not (isinstance(self.header_timeout, (int, float)) and self.header_timeout > 0):
             raise ValueError(f"header_timeout must be a positive number of seconds, "
                              f"got {self.header_timeout!r}")
+        if not (isinstance(self.shutdown_grace, (int, float)) and self.shutdown_grace >= 0):
+            raise ValueError(f"shutdown_grace must be a non-negative number of seconds, "
+                             f"got {self.shutdown_grace!r}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
         if self.cache_isolation not in ("none", "user"):

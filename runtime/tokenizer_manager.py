@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
 from seq2serve.encoders.image_loader import MediaPolicy, read_image
-from seq2serve.encoders.image_processor import release_freed_memory
+from seq2serve.host_memory import release_freed_memory
 from seq2serve.runtime.generate_request import GenerateReqInput, invalid_text
 from seq2serve.runtime.io_struct import (AbortRequest, BatchTokenOutput, ControlReply,
                                          ControlRequest, TokenizedRequest, TokenOutput)
@@ -98,6 +98,7 @@ class TokenizerManager:
         self.by_reference = bool(info.get("encoder_cache"))
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
+        self.draining = False  # shutting down: running requests finish, new ones are refused
         self.metrics = None  # a ServerMetrics when serving HTTP
         self._started = False
 
@@ -178,6 +179,8 @@ class TokenizerManager:
         try:
             done = iter(list(self.image_pool.map(one, flat)))
         finally:
+            # a 40-megapixel image passes through a few hundred MB of buffers in its thread;
+            # measured: 32 images of 6300x6300 on two threads left 1.2 GB resident, 0.5 after
             release_freed_memory()
         return [[next(done) for _ in sources] for sources in per_prompt]
 
@@ -459,3 +462,5 @@ class TokenizerManager:
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
+        if self.draining:
+            raise EngineDeadError("the server is shutting down")

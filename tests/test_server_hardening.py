@@ -218,3 +218,37 @@ def test_slow_clients_lose_their_connections_and_are_capped():
         assert r.status_code == 200, r.text
     finally:
         srv.kill()
+
+
+def test_sigterm_drains_running_requests_and_answers_503():
+    """SIGTERM with a request running: /health and new requests get 503 naming the shutdown,
+    the running request still gets its whole answer, and the server then exits 0."""
+    import signal
+    import threading
+
+    srv = ServerProcess(DEMO, "--shutdown-grace", "60")
+    try:
+        result = {}
+
+        def long_request() -> None:
+            result["r"] = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+                "prompt": "translate digits to English: 5", "max_tokens": 300,
+                "ignore_eos": True})
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        while httpx.get(srv.url + "/debug/stats", timeout=5).json()["running_requests"] == 0:
+            time.sleep(0.02)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        health = httpx.get(srv.url + "/health", timeout=5)
+        assert health.status_code == 503 and "shutting down" in health.text, health.text
+        refused = httpx.post(srv.url + "/v1/completions", timeout=10, json={
+            "prompt": "translate digits to English: 7", "max_tokens": 4})
+        assert refused.status_code == 503 and "shutting down" in refused.text, refused.text
+        t.join(60)
+        r = result["r"]
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 300, r.text
+        assert srv.proc.wait(timeout=15) == 0
+    finally:
+        srv.kill()
