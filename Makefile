@@ -6,22 +6,28 @@ STAMP := $(VENV)/.deps-$(shell cat pyproject.toml constraints.txt | sha256sum | 
 
 .PHONY: setup serve generate test clean
 
+# The package is installed in editable mode once per checkout: again only when the virtualenv
+# points at another checkout (CI links one virtualenv into every clean clone)
 setup: $(STAMP)
-	@$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	@$(BIN)/python -c "import os, sys, seq2serve; \
+		sys.exit(os.path.dirname(os.path.abspath(seq2serve.__file__)) != os.getcwd())" \
+		2>/dev/null || PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q --no-deps \
+		--no-build-isolation -e .
 
 # Dependencies, reinstalled only when pyproject.toml or constraints.txt change. Without an
 # NVIDIA driver, torch comes as the CPU build (never the multi-GB CUDA wheels).
 $(STAMP):
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	@echo "setting up $(VENV) (once, a few minutes)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
 		$(BIN)/python -m pip install -q torch; \
 	else \
 		$(BIN)/python -m pip install -q torch==2.13.0 || \
 		$(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
-	rm -f $(VENV)/.deps-* && touch $@
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	@rm -f $(VENV)/.deps-* && touch $@
 
 serve: setup
 	$(BIN)/seq2serve serve $(ARGS)

@@ -9,11 +9,11 @@ __all__ = ["Seq2SeqEngine", "SamplingParams", "__version__"]
 def __getattr__(name: str):
     # imported lazily so that `import seq2serve` stays light (no torch until needed)
     if name == "Seq2SeqEngine":
-        from seq2serve.runtime.engine import Seq2SeqEngine
+        from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
         return Seq2SeqEngine
     if name == "SamplingParams":
-        from seq2serve.runtime.sampling_params import SamplingParams
+        from seq2serve.runtime.config.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'seq2serve' has no attribute {name!r}")

@@ -44,7 +44,7 @@ def main() -> None:
                       context_length=4096)
         size = 1120  # 2x2 tiles of 560: the 4-tile case
     else:
-        from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+        from seq2serve.runtime.tools.demo_checkpoint import write_mllama_checkpoint
 
         path = write_mllama_checkpoint(tmp, vision={"image_size": 56, "num_hidden_layers": 4})
         kwargs, size = {}, 112

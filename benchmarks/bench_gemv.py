@@ -1,4 +1,4 @@
-"""The Triton GEMV (models/triton_gemv.py) against cuBLAS (`F.linear`) on mT5-large's decode
+"""The Triton GEMV (runtime/kernels/triton_gemv.py) against cuBLAS (`F.linear`) on mT5-large's decode
 shapes, bf16, replayed in CUDA graphs (as decode steps are): time and achieved bandwidth.
 
     python benchmarks/bench_gemv.py
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench_cudagraph
 
-from seq2serve.models.triton_gemv import gemv
+from seq2serve.runtime.kernels.triton_gemv import gemv
 
 SHAPES = {"self q/k/v": (3072, 1024), "attention out / cross q": (1024, 1024),
           "gated FFN in": (5632, 1024), "FFN out": (1024, 2816), "LM head": (250112, 1024)}

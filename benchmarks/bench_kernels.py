@@ -26,9 +26,9 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool  # noqa: E402
 from seq2serve.models.attention import Attention  # noqa: E402
 from seq2serve.models.mt5.relative_position import RelativePositionBias  # noqa: E402
 from seq2serve.runtime.attention.base import AttentionKind  # noqa: E402
+from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from seq2serve.runtime.attention.torch_native import TorchNativeBackend  # noqa: E402
 from seq2serve.runtime.attention.triton_backend import TritonBackend  # noqa: E402
-from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool  # noqa: E402
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool  # noqa: E402
 

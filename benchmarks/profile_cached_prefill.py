@@ -17,13 +17,13 @@ from PIL import Image
 from torch.profiler import ProfilerActivity, profile
 
 from seq2serve.runtime.bench.shapes import write_shape
-from seq2serve.runtime.generate_request import GenerateReqInput
-from seq2serve.runtime.model_config import ModelConfig
-from seq2serve.runtime.scheduler import Scheduler
-from seq2serve.runtime.scheduler_process import scheduler_info
-from seq2serve.runtime.server_args import ServerArgs
-from seq2serve.runtime.tokenizer import load_tokenizer
-from seq2serve.runtime.tokenizer_manager import TokenizerManager
+from seq2serve.runtime.config.model_config import ModelConfig
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
+from seq2serve.runtime.scheduler.scheduler import Scheduler
+from seq2serve.runtime.scheduler.scheduler_process import scheduler_info
 
 
 def _image(seed: int) -> Image.Image:
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--shape", default="mllama-11b")
     args = ap.parse_args()
     if args.shape == "tiny":  # a CPU check of this script
-        from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+        from seq2serve.runtime.tools.demo_checkpoint import write_mllama_checkpoint
 
         path = str(write_mllama_checkpoint(tempfile.mkdtemp()))
         sargs = ServerArgs(model_path=path, device="cpu")

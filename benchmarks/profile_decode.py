@@ -15,11 +15,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from seq2serve.runtime.bench.shapes import write_shape
-from seq2serve.runtime.io_struct import TokenizedRequest
-from seq2serve.runtime.model_config import ModelConfig
-from seq2serve.runtime.sampling_params import SamplingParams
-from seq2serve.runtime.scheduler import Scheduler
-from seq2serve.runtime.server_args import ServerArgs
+from seq2serve.runtime.config.model_config import ModelConfig
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.messages.io_struct import TokenizedRequest
+from seq2serve.runtime.scheduler.scheduler import Scheduler
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from seq2serve.runtime.attention.triton_flash import (
+from seq2serve.runtime.kernels.triton_flash import (
     BLOCK_M,
     block_d,
     block_n,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVHandle, CrossKVPool
+from seq2serve.encoders.encoder_input import EncoderSegment
 
 
 class EncodeWork(enum.Enum):
@@ -41,6 +42,15 @@ class EncoderCacheEntry:
     @property
     def ready(self) -> bool:
         return self.handle is not None and self.handle.ready
+
+
+@dataclass
+class EncoderJob:
+    """Cross K/V the encoder stage must still write for one cache entry."""
+
+    entry: EncoderCacheEntry
+    work: EncodeWork
+    segment: EncoderSegment
 
 
 class EncoderCache:

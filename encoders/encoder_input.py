@@ -1,4 +1,5 @@
-"""What the encoder stage consumes: preprocessed images (text encoders take token ids)."""
+"""What the encoder stage consumes: a request's encoder inputs (segments), and preprocessed
+images (text encoders take token ids)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,14 @@ def span_at(spans: list[tuple[int, int, int]], position: int) -> tuple[int, int]
             break
         best = (start, end)
     return best
+
+
+@dataclass
+class EncoderSegment:
+    """One encoder input of a request (its text, or one image); its output is one encoder
+    cache entry. Requests with several images have several segments, packed in order."""
+
+    key: str  # content hash (model + input)
+    length: int  # cross K/V tokens
+    token_ids: list[int] | None = None
+    image: ImageFeatures | None = None

@@ -11,10 +11,10 @@ import time
 
 import torch
 
-from seq2serve.encoders.encoder_cache import EncodeWork, EncoderCache
+from seq2serve.encoders.encoder_cache import EncoderCache, EncoderJob, EncodeWork
 from seq2serve.encoders.encoder_input import ImageBatch
-from seq2serve.runtime.forward_batch import ForwardMode, ModelWorkerBatch
-from seq2serve.runtime.memory.request_memory import EncoderJob
+from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
 
 
 class EncoderStage:

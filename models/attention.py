@@ -11,7 +11,7 @@ from torch import nn
 from seq2serve.runtime.attention.base import AttentionKind, PositionBias
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import ForwardBatch
 
 
 class Attention(nn.Module):

@@ -22,7 +22,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if uses_gemv(x):
-            from seq2serve.models.triton_gemv import gemv
+            from seq2serve.runtime.kernels.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -38,7 +38,7 @@ def norm_linear(norm, linear: Linear, x: torch.Tensor, residual: torch.Tensor | 
     a pre-norm sublayer's input projection. For GEMV-sized batches the norm (and the add) run
     in the GEMV's prologue, one kernel instead of two."""
     if uses_gemv(x):
-        from seq2serve.models.triton_gemv import norm_gemv
+        from seq2serve.runtime.kernels.triton_gemv import norm_gemv
 
         return norm_gemv(x, norm.weight, norm.eps, linear.weight, linear.bias, residual)
     if residual is None:

@@ -56,11 +56,11 @@ class GatedMLP(nn.Module):
     def after_in_proj(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(act(gate) * up) from in_proj's output [gate | up]."""
         if uses_gemv(gate_up):  # the activation in the down GEMV's prologue
-            from seq2serve.models.triton_gemv import gated_gemv
+            from seq2serve.runtime.kernels.triton_gemv import gated_gemv
 
             return gated_gemv(gate_up, self.activation, self.down.weight, self.down.bias)
         if gate_up.is_cuda and gate_up.dim() == 2:  # one fused kernel for act(gate) * up
-            from seq2serve.models.triton_ops import gated_activation
+            from seq2serve.runtime.kernels.triton_ops import gated_activation
 
             return self.down(gated_activation(gate_up, self.activation))
         gate, up = gate_up.split(self.intermediate, dim=-1)

@@ -17,7 +17,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.is_cuda and x.dim() == 2:
-            from seq2serve.models.triton_ops import rmsnorm
+            from seq2serve.runtime.kernels.triton_ops import rmsnorm
 
             return rmsnorm(x, self.weight, self.eps, residual)
         if residual is not None:

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from seq2serve.runtime.server_args import ServerArgs
+from seq2serve.runtime.config.server_args import ServerArgs
 
 _SKIP = {"extra", "model_path"}
 
@@ -36,7 +36,7 @@ def server_args_from(ns: argparse.Namespace) -> dict:
 
 
 def _cmd_generate(ns: argparse.Namespace) -> int:
-    from seq2serve.runtime.engine import Seq2SeqEngine
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     sampling = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature}
     if ns.seed is not None:
@@ -65,15 +65,15 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
-    from seq2serve.runtime.demo_checkpoint import default_demo_path
-    from seq2serve.runtime.http_server import run_server
+    from seq2serve.runtime.frontend.http_server import run_server
+    from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
 
     model_path = ns.model_path or str(default_demo_path())
     return run_server(ServerArgs(model_path=model_path, **server_args_from(ns)))
 
 
 def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
-    from seq2serve.runtime import demo_checkpoint as demo
+    from seq2serve.runtime.tools import demo_checkpoint as demo
 
     write, about = {"t5": (demo.write_t5_checkpoint, "T5 v1.1"),
                     "llama": (demo.write_llama_checkpoint, "Llama 3"),
@@ -85,7 +85,7 @@ def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
 
 
 def _cmd_convert_gguf(ns: argparse.Namespace) -> int:
-    from seq2serve.runtime.convert_gguf import convert_gguf, describe_gguf
+    from seq2serve.runtime.tools.convert_gguf import convert_gguf, describe_gguf
 
     out = convert_gguf(ns.file, ns.out, dtype=ns.dtype)
     print(f"converted {ns.file} ({describe_gguf(ns.file)})\nto {out}/")

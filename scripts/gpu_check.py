@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import json
 import os
 import signal
 import socket

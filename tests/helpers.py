@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
-from seq2serve.runtime.demo_checkpoint import write_t5_checkpoint
-from seq2serve.runtime.io_struct import TokenizedRequest
-from seq2serve.runtime.model_config import ModelConfig
-from seq2serve.runtime.sampling_params import SamplingParams
-from seq2serve.runtime.scheduler import Scheduler
-from seq2serve.runtime.server_args import ServerArgs
-from seq2serve.runtime.tokenizer import load_tokenizer
+from seq2serve.runtime.config.model_config import ModelConfig
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.messages.io_struct import TokenizedRequest
+from seq2serve.runtime.scheduler.scheduler import Scheduler
+from seq2serve.runtime.tools.demo_checkpoint import write_t5_checkpoint
 
 # Several shapes of the family: gated and plain feed-forward, tied and untied heads, head
 # sizes whose product is not d_model, unequal layer counts, and a max_distance short enough
@@ -101,6 +101,20 @@ def request(rid: str, encoder_ids: list[int], decoder_ids: list[int] | None = No
     sp = SamplingParams.from_dict({"temperature": 0, **sampling})
     return TokenizedRequest(rid=rid, encoder_input_ids=list(encoder_ids),
                             decoder_input_ids=decoder_ids or [0], sampling_params=sp)
+
+
+def record_results(scheduler: Scheduler) -> list:
+    """(request ids, GenerationResult) of every step the scheduler processes, in order; the
+    results carry logits when the model runner's `keep_logits` is on."""
+    steps = []
+    process = scheduler._process
+
+    def recording(batch, result):
+        steps.append(([r.rid for r in batch.reqs], result))
+        return process(batch, result)
+
+    scheduler._process = recording
+    return steps
 
 
 def run_to_completion(scheduler: Scheduler, on_step=None) -> dict[str, list[int]]:

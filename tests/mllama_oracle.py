@@ -66,7 +66,9 @@ class MllamaOracle:
                      max_new_tokens: int) -> list[int]:
         """HF's greedy tokens for given token ids, the mask built by HF's processor helpers."""
         from transformers.models.mllama.processing_mllama import (
-            convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+            convert_sparse_cross_attention_mask_to_dense,
+            get_cross_attention_token_mask,
+        )
 
         inputs = {"input_ids": torch.tensor([input_ids]),
                   "attention_mask": torch.ones(1, len(input_ids), dtype=torch.long)}

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from seq2serve.runtime.tokenizer import load_tokenizer
+from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.tests.helpers import SOURCES, make_scheduler, request
 
 MAX_NEW = 8
@@ -139,7 +139,7 @@ def test_isolation_keeps_users_apart(t5_dir, sources):
 
 
 def test_llama_prompt_prefixes_are_shared(tmp_path):
-    from seq2serve.runtime.demo_checkpoint import write_llama_checkpoint
+    from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
 
     path = str(write_llama_checkpoint(tmp_path / "llama", init_scale=10.0, seed=1))
     tok = load_tokenizer(path)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from seq2serve.runtime.demo_checkpoint import ASSETS
-from seq2serve.runtime.incremental_detokenizer import IncrementalDetokenizer
-from seq2serve.runtime.tokenizer import load_tokenizer
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.incremental_detokenizer import IncrementalDetokenizer
+from seq2serve.runtime.tools.demo_checkpoint import ASSETS
 
 TEXTS = [
     "Hello world, how are you?",

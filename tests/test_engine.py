@@ -8,7 +8,7 @@ import time
 import pytest
 
 from seq2serve import Seq2SeqEngine
-from seq2serve.runtime.tokenizer import load_tokenizer
+from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.tests.helpers import SOURCES, hf_greedy
 
 GREEDY = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}

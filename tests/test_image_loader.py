@@ -125,9 +125,9 @@ def test_near_limit_images_leave_no_memory_behind(tmp_path):
     import psutil
     from PIL import Image
 
-    from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
-    from seq2serve.runtime.tokenizer import load_tokenizer
-    from seq2serve.runtime.tokenizer_manager import TokenizerManager
+    from seq2serve.runtime.config.tokenizer import load_tokenizer
+    from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
+    from seq2serve.runtime.tools.demo_checkpoint import write_mllama_checkpoint
 
     path = str(write_mllama_checkpoint(tmp_path / "m"))
     info = {"is_encoder_decoder": False, "has_vision": True, "dtype": "float32",

@@ -59,8 +59,8 @@ def _llama_tour(path: str, dtype: str) -> None:
 def _mllama_tour(path: str, dtype: str) -> None:
     from seq2serve.encoders.encoder_input import cross_spans
     from seq2serve.encoders.image_processor import ImageProcessor
-    from seq2serve.runtime.io_struct import TokenizedRequest
-    from seq2serve.runtime.sampling_params import SamplingParams
+    from seq2serve.runtime.config.sampling_params import SamplingParams
+    from seq2serve.runtime.messages.io_struct import TokenizedRequest
     from seq2serve.tests.helpers import make_scheduler, run_to_completion
     from seq2serve.tests.mllama_oracle import random_image
 
@@ -85,7 +85,7 @@ def _decode_tour(dtype: torch.dtype) -> None:
     (1, or several with a merge), with and without the T5 bias and per-request key starts, at
     the head sizes of the real shapes (64: T5; 128 with grouped heads: Llama, Mllama)."""
     from seq2serve.models.mt5.relative_position import RelativePositionBias
-    from seq2serve.runtime.attention.triton_decode import paged_decode_attention
+    from seq2serve.runtime.kernels.triton_decode import paged_decode_attention
 
     for heads, kv_heads, dim in [(4, 4, 64), (8, 2, 128)]:
         q = torch.randn(2, heads, dim).to(dtype)
@@ -103,9 +103,9 @@ def _decode_tour(dtype: torch.dtype) -> None:
 def _fused_ops_tour(dtype: torch.dtype) -> None:
     """The ops the models use only on CUDA (norms, gated activations, the one-row GEMVs, the
     KV store), at the widths of the real shapes."""
-    from seq2serve.models.triton_gemv import MAX_M, gated_gemv, gemv, norm_gemv
-    from seq2serve.models.triton_ops import FUSED_ACTIVATIONS, gated_activation, rmsnorm
-    from seq2serve.runtime.memory.triton_kv_store import store_kv
+    from seq2serve.runtime.kernels.triton_gemv import MAX_M, gated_gemv, gemv, norm_gemv
+    from seq2serve.runtime.kernels.triton_kv_store import store_kv
+    from seq2serve.runtime.kernels.triton_ops import FUSED_ACTIVATIONS, gated_activation, rmsnorm
 
     for n in (1024, 2048, 4096):
         x, res, w = (torch.randn(2, n).to(dtype) for _ in range(3))
@@ -131,9 +131,11 @@ def _fused_ops_tour(dtype: torch.dtype) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
-    from seq2serve.runtime.demo_checkpoint import (write_llama_checkpoint,
-                                                   write_mllama_checkpoint,
-                                                   write_t5_checkpoint)
+    from seq2serve.runtime.tools.demo_checkpoint import (
+        write_llama_checkpoint,
+        write_mllama_checkpoint,
+        write_t5_checkpoint,
+    )
 
     root = tmp_path_factory.mktemp("tour")
     # head sizes of the served shapes: 64 (mT5, Flan-T5), 128 with grouped KV heads (Llama 3)

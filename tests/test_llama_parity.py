@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2serve.runtime.demo_checkpoint import write_llama_checkpoint
-from seq2serve.runtime.tokenizer import load_tokenizer
-from seq2serve.tests.helpers import make_scheduler, request
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
+from seq2serve.tests.helpers import make_scheduler, record_results, request
 
 LLAMA_CONFIGS = {
     "gqa_untied_llama3_rope": dict(num_attention_heads=4, num_key_value_heads=2, seed=1),
@@ -41,14 +41,13 @@ def test_llama_greedy_and_logits_match_hf(llama_dirs, name):
     for i, ids in enumerate(prompts):
         sched.add_request(request(str(i), [], ids, max_new_tokens=MAX_NEW, ignore_eos=True))
     out: dict[str, list[int]] = {}
-    first_logits = {}
+    steps = record_results(sched)
     while sched.has_work:
         for o in sched.step():
             out.setdefault(o.rid, []).extend(o.new_token_ids)
-        if not first_logits:  # the prefill step
-            first_logits = {r.rid: row for r, row in zip(sched.last_batch.reqs,
-                                                         sched.last_result.logits)}
         sched.check_integrity()
+    rids, prefill = steps[0]
+    first_logits = dict(zip(rids, prefill.logits))
     for i, ids in enumerate(prompts):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
@@ -60,8 +59,9 @@ def test_llama_greedy_and_logits_match_hf(llama_dirs, name):
 
 
 def test_llama_chat_uses_the_template_once(llama_dirs):
-    from seq2serve import Seq2SeqEngine
     from transformers import AutoModelForCausalLM
+
+    from seq2serve import Seq2SeqEngine
 
     path = llama_dirs["gqa_untied_llama3_rope"]
     tok = load_tokenizer(path)

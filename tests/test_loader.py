@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from seq2serve.models.loader import load_model
-from seq2serve.runtime.model_config import ModelConfig
+from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.tests.helpers import hf_model
 
 

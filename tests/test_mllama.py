@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from seq2serve import Seq2SeqEngine
-from seq2serve.runtime.demo_checkpoint import write_mllama_checkpoint
+from seq2serve.runtime.tools.demo_checkpoint import write_mllama_checkpoint
 from seq2serve.tests.mllama_oracle import MllamaOracle, random_image, reference_row_masking
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}

@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2serve.runtime.tokenizer import load_tokenizer
-from seq2serve.tests.helpers import (SOURCES, T5_CONFIGS, hf_greedy, hf_logits, make_scheduler,
-                                     request, run_to_completion)
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.tests.helpers import (
+    SOURCES,
+    T5_CONFIGS,
+    hf_greedy,
+    hf_logits,
+    make_scheduler,
+    record_results,
+    request,
+)
 
 MAX_NEW = 16
 LOGIT_STEPS = 3
@@ -27,15 +34,14 @@ def test_greedy_and_logits_match_hf(t5_checkpoints, name):
         sched.add_request(request(str(i), ids, max_new_tokens=MAX_NEW, ignore_eos=True))
     logits: dict[str, list[torch.Tensor]] = {str(i): [] for i in range(len(sources))}
     out: dict[str, list[int]] = {}
-    seen = None
+    steps = record_results(sched)
     while sched.has_work:
         for o in sched.step():
             out.setdefault(o.rid, []).extend(o.new_token_ids)
-        if sched.last_result is not seen:  # a step's results were read back
-            seen = sched.last_result
-            for req, row in zip(sched.last_batch.reqs, seen.logits):
-                logits[req.rid].append(row)
         sched.check_integrity()
+    for rids, result in steps:
+        for rid, row in zip(rids, result.logits):
+            logits[rid].append(row)
 
     assert sched.max_batch["decode"] == len(sources)
     for i, ids in enumerate(sources):

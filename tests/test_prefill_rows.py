@@ -1,4 +1,4 @@
-"""Short prefills replayed as decode rows (`forward_batch.decode_rows`, what the CUDA graph
+"""Short prefills replayed as decode rows (`worker_batch.decode_rows`, what the CUDA graph
 runner does with them): the logits of every request's last token equal the EXTEND forward's,
 for T5 (cached decoder prefix, forced prefixes), Llama (shared prompt prefix) and Mllama (text
 before an image, two images, a text-only request in the same batch). The torch_native backend
@@ -12,10 +12,11 @@ import torch
 
 from seq2serve.encoders.encoder_input import cross_spans
 from seq2serve.encoders.image_processor import ImageProcessor
-from seq2serve.runtime.demo_checkpoint import write_llama_checkpoint, write_mllama_checkpoint
-from seq2serve.runtime.forward_batch import ForwardMode, decode_rows
-from seq2serve.runtime.io_struct import TokenizedRequest
-from seq2serve.runtime.sampling_params import SamplingParams
+from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.executor.worker_batch import decode_rows
+from seq2serve.runtime.messages.io_struct import TokenizedRequest
+from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint, write_mllama_checkpoint
 from seq2serve.tests.helpers import make_scheduler, request
 from seq2serve.tests.mllama_oracle import random_image
 

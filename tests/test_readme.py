@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -76,7 +75,7 @@ def test_ci_runs_the_quickstart_test_command():
 def test_every_flag_is_documented():
     import dataclasses
 
-    from seq2serve.runtime.server_args import ServerArgs
+    from seq2serve.runtime.config.server_args import ServerArgs
 
     text = README.read_text()
     helps = ServerArgs.field_help()

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from seq2serve import Seq2SeqEngine
-from seq2serve.runtime.demo_checkpoint import default_demo_path, write_mllama_checkpoint
+from seq2serve.runtime.tools.demo_checkpoint import default_demo_path, write_mllama_checkpoint
 from seq2serve.tests.server_helpers import ServerProcess
 
 FULL = os.environ.get("SEQ2SERVE_RELIABILITY") == "full"

@@ -8,13 +8,12 @@ import shutil
 import pytest
 import torch
 
-from seq2serve.runtime.req import Req
-from seq2serve.runtime.sampler import Sampler
-from seq2serve.runtime.sampling_batch import SamplingBatch
-from seq2serve.runtime.sampling_params import SamplingParams
-from seq2serve.runtime.tokenizer import load_tokenizer
-from seq2serve.tests.helpers import (SOURCES, hf_greedy, make_scheduler, request,
-                                     run_to_completion)
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.executor.sampler import Sampler
+from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+from seq2serve.runtime.scheduler.req import Req
+from seq2serve.tests.helpers import SOURCES, hf_greedy, make_scheduler, request, run_to_completion
 
 VOCAB = 50
 
@@ -73,7 +72,7 @@ def _support(probs: torch.Tensor) -> set[int]:
 def test_top_k_top_p_min_p_keep_what_hf_keeps(trial):
     from transformers import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from seq2serve.runtime.sampler import _filter
+    from seq2serve.runtime.executor.sampler import _filter
 
     g = torch.Generator().manual_seed(trial)
     logits = torch.randn(1, VOCAB, generator=g) * 3
@@ -110,7 +109,7 @@ def test_frequency_and_presence_penalties_follow_openai():
 
 
 def _apply(logits, sb):
-    from seq2serve.runtime.sampler import _apply_penalties
+    from seq2serve.runtime.executor.sampler import _apply_penalties
 
     return _apply_penalties(logits.clone(), sb)
 

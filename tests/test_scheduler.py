@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2serve.runtime.tokenizer import load_tokenizer
-from seq2serve.tests.helpers import (SOURCES, hf_greedy, make_scheduler, request,
-                                     run_to_completion)
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.tests.helpers import SOURCES, hf_greedy, make_scheduler, request, run_to_completion
 
 MAX_NEW = 12
 

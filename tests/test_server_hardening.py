@@ -10,7 +10,7 @@ import uuid
 import httpx
 import pytest
 
-from seq2serve.runtime.demo_checkpoint import default_demo_path
+from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
 from seq2serve.tests.server_helpers import ServerProcess
 
 DEMO = str(default_demo_path())

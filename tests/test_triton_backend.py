@@ -7,9 +7,8 @@ import os
 
 import pytest
 
-from seq2serve.runtime.tokenizer import load_tokenizer
-from seq2serve.tests.helpers import (SOURCES, hf_greedy, make_scheduler, request,
-                                     run_to_completion)
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.tests.helpers import SOURCES, hf_greedy, make_scheduler, request, run_to_completion
 
 MAX_NEW = 8
 

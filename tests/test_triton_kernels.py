@@ -18,11 +18,11 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.models.attention import Attention
 from seq2serve.models.mt5.relative_position import RelativePositionBias, relative_position_bucket
 from seq2serve.runtime.attention.base import AttentionKind
+from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode
 from seq2serve.runtime.attention.torch_native import TorchNativeBackend
-from seq2serve.runtime.attention.triton_bias import bias_constexprs, t5_bucket
 from seq2serve.runtime.attention.triton_backend import TritonBackend
-from seq2serve.runtime.attention.triton_decode import _split_counters, paged_decode_attention
-from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.kernels.triton_bias import bias_constexprs, t5_bucket
+from seq2serve.runtime.kernels.triton_decode import _split_counters, paged_decode_attention
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 

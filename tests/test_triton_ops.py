@@ -8,7 +8,7 @@ import torch
 
 from seq2serve.models.mlp import ACTIVATIONS
 from seq2serve.models.norm import RMSNorm
-from seq2serve.models.triton_ops import gated_activation, rmsnorm
+from seq2serve.runtime.kernels.triton_ops import gated_activation, rmsnorm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -42,7 +42,7 @@ def test_gated_activation_matches_torch(activation, rows, n):
 
 @pytest.mark.parametrize("heads, dim", [(4, 16), (3, 7), (16, 64)])
 def test_store_kv_matches_index_put(heads, dim):
-    from seq2serve.runtime.memory.triton_kv_store import store_kv
+    from seq2serve.runtime.kernels.triton_kv_store import store_kv
 
     g = torch.Generator().manual_seed(heads * dim)
     fused = torch.randn(5, 3 * heads * dim, generator=g).to(DEVICE)  # q|k|v like a projection
@@ -63,7 +63,7 @@ def test_store_kv_matches_index_put(heads, dim):
     (1, 37, 64, 8, 32), (2, 64, 100, 4, 64), (3, 130, 48, 16, 16), (4, 16, 256, 2, 256)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemv_matches_linear(m, n, k, block_n, block_k, with_bias):
-    from seq2serve.models.triton_gemv import gemv
+    from seq2serve.runtime.kernels.triton_gemv import gemv
 
     g = torch.Generator().manual_seed(m * n * k)
     x = torch.randn(m, k, generator=g).to(DEVICE)
@@ -78,7 +78,7 @@ def test_gemv_matches_linear(m, n, k, block_n, block_k, with_bias):
     (1, 37, 64, 8, 32), (3, 130, 48, 16, 16), (4, 16, 256, 2, 256), (2, 20, 100, 4, 64)])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_norm_gemv_is_rmsnorm_then_linear(m, n, k, block_n, block_k, with_residual):
-    from seq2serve.models.triton_gemv import norm_gemv
+    from seq2serve.runtime.kernels.triton_gemv import norm_gemv
 
     g = torch.Generator().manual_seed(m * n * k + with_residual)
     x, res = (torch.randn(m, k, generator=g).to(DEVICE) for _ in range(2))
@@ -97,7 +97,7 @@ def test_norm_gemv_is_rmsnorm_then_linear(m, n, k, block_n, block_k, with_residu
 @pytest.mark.parametrize("activation", ["gelu_new", "silu", "relu", "gelu"])
 @pytest.mark.parametrize("m, n, k", [(1, 24, 40), (3, 9, 130)])
 def test_gated_gemv_is_gated_activation_then_linear(activation, m, n, k):
-    from seq2serve.models.triton_gemv import gated_gemv
+    from seq2serve.runtime.kernels.triton_gemv import gated_gemv
 
     g = torch.Generator().manual_seed(m * n * k)
     gate_up = torch.randn(m, 2 * k, generator=g).to(DEVICE)
@@ -108,7 +108,7 @@ def test_gated_gemv_is_gated_activation_then_linear(activation, m, n, k):
 
 
 def test_gemv_refuses_what_it_does_not_handle():
-    from seq2serve.models.triton_gemv import gemv
+    from seq2serve.runtime.kernels.triton_gemv import gemv
 
     with pytest.raises(ValueError, match="gemv takes"):
         gemv(torch.zeros(5, 8), torch.zeros(4, 8), block_n=2, block_k=8)
@@ -121,7 +121,7 @@ def test_gemv_refuses_what_it_does_not_handle():
 @pytest.mark.parametrize("m, n, k", [(1, 3072, 1024), (2, 5632, 1024), (4, 1024, 2816),
                                      (1, 250112, 1024)])
 def test_gemv_autotuned_bf16(m, n, k):
-    from seq2serve.models.triton_gemv import gated_gemv, gemv, norm_gemv
+    from seq2serve.runtime.kernels.triton_gemv import gated_gemv, gemv, norm_gemv
 
     x, res = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05

@@ -21,7 +21,7 @@ from seq2serve.models.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import ForwardBatch
 
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin of every token's position

@@ -18,16 +18,16 @@ from torch import nn
 from seq2serve.models.attention import Attention
 from seq2serve.models.linear import Linear
 from seq2serve.models.llama.model import LlamaDecoderLayer
-from seq2serve.models.mlp import GatedMLP
 from seq2serve.models.mllama.config import MllamaConfig
 from seq2serve.models.mllama.vision import MllamaVisionModel
 from seq2serve.models.mllama.weights import hf_to_param
+from seq2serve.models.mlp import GatedMLP
 from seq2serve.models.norm import RMSNorm
 from seq2serve.models.rotary import RotaryEmbedding, rope_inv_freq
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import ForwardBatch
 
 
 class MllamaCrossAttention(nn.Module):

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from seq2serve.models.linear import Linear
-from seq2serve.models.mlp import ACTIVATIONS
 from seq2serve.models.mllama.config import MllamaVisionConfig
+from seq2serve.models.mlp import ACTIVATIONS
 
 
 class AspectRatioEmbedding(nn.Module):

@@ -22,7 +22,7 @@ from seq2serve.models.norm import RMSNorm
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import ForwardBatch
 
 
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:

@@ -8,28 +8,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from seq2serve.runtime.kernels.position_bias import PositionBias
+
 if TYPE_CHECKING:
-    from seq2serve.runtime.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import ForwardBatch
 
 
 class AttentionKind(enum.Enum):
     ENCODER = "encoder"  # bidirectional over one packed, ragged batch of encoder inputs
     SELF = "self"  # causal decoder self-attention over the paged TokenToKVPool
     CROSS = "cross"  # decoder queries over each request's own encoder K/V in the CrossKVPool
-
-
-class PositionBias(Protocol):
-    """A T5-style relative position bias: a [num_buckets, num_heads] table looked up by the
-    bucket of (key_pos - query_pos). Kernels read the fields; the reference calls it."""
-
-    weight: torch.Tensor
-    num_buckets: int
-    max_distance: int
-    bidirectional: bool
-
-    def __call__(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """Bias of shape [num_heads, len(q_pos), len(k_pos)] in float32."""
-        ...
 
 
 class AttentionLayer(Protocol):

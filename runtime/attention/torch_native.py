@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from seq2serve.runtime.attention.base import AttentionBackend, AttentionLayer, PositionBias
-from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass

@@ -11,11 +11,11 @@ import torch
 
 from seq2serve.cross_attention.triton_cross_attention import cross_attention_extend
 from seq2serve.runtime.attention.base import AttentionBackend, AttentionLayer, PositionBias
-from seq2serve.runtime.attention.triton_decode import num_kv_splits, paged_decode_attention
-from seq2serve.runtime.attention.triton_encoder_attention import encoder_attention
-from seq2serve.runtime.attention.triton_flash import query_blocks
-from seq2serve.runtime.attention.triton_self_attention import self_attention_extend
-from seq2serve.runtime.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.kernels.triton_decode import num_kv_splits, paged_decode_attention
+from seq2serve.runtime.kernels.triton_encoder_attention import encoder_attention
+from seq2serve.runtime.kernels.triton_flash import query_blocks
+from seq2serve.runtime.kernels.triton_self_attention import self_attention_extend
 
 _INTERPRETER_SMS = 4  # small, so CPU tests exercise split-KV decode on short contexts
 

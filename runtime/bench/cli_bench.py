@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-
 import tempfile
 
 from seq2serve.runtime.bench.workload import Workload, make_requests
@@ -52,7 +50,7 @@ def _model(args) -> tuple[str, dict]:
 
 
 def _requests(model_dir: str, args, n: int):
-    from seq2serve.runtime.model_config import ModelConfig
+    from seq2serve.runtime.config.model_config import ModelConfig
 
     mc = ModelConfig.from_path(model_dir)
     image_token = getattr(mc.arch, "image_token_id", None)

@@ -14,8 +14,12 @@ from seq2serve.runtime.bench.workload import BenchRequest
 
 def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
     """A randomly initialised HF model of the directory's config, built on the device."""
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
-                              MllamaForConditionalGeneration)
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        MllamaForConditionalGeneration,
+    )
 
     config = AutoConfig.from_pretrained(model_dir)
     kind = config.model_type
@@ -38,7 +42,9 @@ def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
     if reqs[0].image is not None:
         from transformers import AutoImageProcessor
         from transformers.models.mllama.processing_mllama import (
-            convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+            convert_sparse_cross_attention_mask_to_dense,
+            get_cross_attention_token_mask,
+        )
 
         proc = AutoImageProcessor.from_pretrained(model_dir)
         pix = proc(images=[[r.image] for r in reqs], return_tensors="pt")

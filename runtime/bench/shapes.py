@@ -7,8 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-from seq2serve.runtime.demo_checkpoint import (LLAMA3_TOKENIZER, MLLAMA_CHAT_TEMPLATE,
-                                               T5_TOKENIZER)
+from seq2serve.runtime.tools.demo_checkpoint import (
+    LLAMA3_TOKENIZER,
+    MLLAMA_CHAT_TEMPLATE,
+    T5_TOKENIZER,
+)
 
 _T5 = dict(architectures=["MT5ForConditionalGeneration"], model_type="mt5",
            feed_forward_proj="gated-gelu", d_kv=64, relative_attention_num_buckets=32,

@@ -34,10 +34,6 @@ class PagedKVBuffers:
     def capacity_tokens(self) -> int:
         return self.allocator.num_pages * self.page_size
 
-    @property
-    def free_tokens(self) -> int:
-        return self.allocator.num_free * self.page_size
-
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
@@ -50,15 +46,12 @@ class PagedKVBuffers:
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_buf, v_buf = self.k_buffers[layer_id], self.v_buffers[layer_id]
         if k.is_cuda and k.stride(1) == k.shape[2] and v.stride(1) == v.shape[2]:
-            from seq2serve.runtime.memory.triton_kv_store import store_kv
+            from seq2serve.runtime.kernels.triton_kv_store import store_kv
 
             store_kv(k_buf, v_buf, loc, k, v)  # one kernel for both
             return
         k_buf[loc] = k.to(self.dtype)
         v_buf[loc] = v.to(self.dtype)
-
-    def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
 
 class TokenToKVPool(PagedKVBuffers):

@@ -1,0 +1,162 @@
+"""Every option of the runtime in one frozen dataclass, shared by the engine, the CLI and the server."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("torch_native", "triton")
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request limits of this deployment (ServerArgs); None: only the model's own."""
+
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+    max_n: int = 16
+    max_images: int = 4
+    max_batch_inputs: int = 1024
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = None  # local HF checkpoint directory (unset: the bundled demo model)
+    tokenizer_path: str | None = None  # tokenizer directory (unset: the model directory)
+    load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
+    device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
+    dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
+    attention_backend: str | None = None  # triton or torch_native (unset: triton on CUDA)
+    page_size: int = 16  # decoder and encoder tokens per KV page
+    mem_fraction: float = 0.85  # share of free device memory for weights + pools
+    cross_kv_fraction: float | None = None  # pool budget share for cross K/V (unset: by size)
+    max_total_tokens: int | None = None  # decoder KV pool size in tokens (unset: from the budget)
+    max_cross_tokens: int | None = None  # cross K/V pool size in tokens (unset: from the budget)
+    max_running_requests: int = 256  # requests decoding at once (more wait in the queue)
+    max_prefill_tokens: int = 16384  # decoder tokens admitted by one extend batch
+    max_encoder_batch_tokens: int = 16384  # encoder inputs' tokens per encoder pass
+    context_length: int | None = None  # longest decoder sequence (unset: the model's, else 2048)
+    max_encoder_len: int | None = None  # longest encoder input (unset: the model's, else 2048)
+    random_seed: int = 0  # seeds weights of --load-format dummy and unseeded sampling
+    debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
+    disable_cuda_graph: bool = False  # run decode steps eagerly instead of replaying CUDA graphs
+    disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
+    cuda_graph_max_bs: int = 256  # largest decode batch captured
+    cuda_graph_max_prefill_tokens: int = 32  # shorter prefills replay decode graphs (0: never)
+    # caches
+    disable_radix_cache: bool = False  # turn off decoder prefix reuse
+    disable_encoder_cache: bool = False  # turn off encoder output (cross K/V) reuse
+    cache_isolation: str = "none"  # none, or user: cached entries never cross users
+    encoder_hidden_cache_mb: int = 256  # warm tier: encoder hidden states kept after eviction
+    log_level: str = "warning"  # debug, info, warning, error
+    # request limits (each exceeded limit is a 4xx naming it)
+    max_request_bytes: int = 32 << 20  # largest HTTP request body in bytes
+    max_prompt_tokens: int | None = None  # longest prompt / encoder input (unset: the model's)
+    max_new_tokens_limit: int | None = None  # largest max_tokens accepted (unset: the context)
+    max_n: int = 16  # largest n (samples per prompt)
+    max_batch_inputs: int = 1024  # most prompts times n in one request (a batch, translations)
+    # connections (HTTP server)
+    max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
+    header_timeout: float = 10.0  # seconds a client has to send a request's headers
+    timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
+    shutdown_grace: float = 30.0  # on SIGTERM: seconds running requests get to finish (503 to new)
+    # images (vision models)
+    max_images_per_request: int = 4  # most images in one request
+    max_image_pixels: int = 40_000_000  # largest width * height of one image
+    allow_remote_media: bool = False  # fetch http(s) image URLs (size-capped, with a timeout)
+    allowed_local_media_path: str | None = None  # server: read image file paths under this dir
+    # HTTP server
+    host: str = "127.0.0.1"  # address the HTTP server binds
+    port: int = 30000  # HTTP port
+    api_key: str | None = None  # when set, every endpoint but /health needs "Bearer KEY"
+    served_model_name: str | None = None  # model name in the API (unset: the directory's name)
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
+                     "max_encoder_batch_tokens", "cuda_graph_max_bs",
+                     "max_images_per_request", "max_image_pixels", "max_request_bytes",
+                     "max_n", "max_batch_inputs", "max_connections",
+                     "timeout_keep_alive")
+        for name in _positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_total_tokens", "max_cross_tokens", "context_length", "max_encoder_len",
+                     "max_prompt_tokens", "max_new_tokens_limit"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if not (isinstance(self.header_timeout, (int, float)) and self.header_timeout > 0):
+            raise ValueError(f"header_timeout must be a positive number of seconds, "
+                             f"got {self.header_timeout!r}")
+        if not (isinstance(self.shutdown_grace, (int, float)) and self.shutdown_grace >= 0):
+            raise ValueError(f"shutdown_grace must be a non-negative number of seconds, "
+                             f"got {self.shutdown_grace!r}")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
+        if self.cache_isolation not in ("none", "user"):
+            raise ValueError(f"cache_isolation must be 'none' or 'user', "
+                             f"got {self.cache_isolation!r}")
+        for name in ("encoder_hidden_cache_mb", "cuda_graph_max_prefill_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.cross_kv_fraction is not None and not 0.0 < self.cross_kv_fraction < 1.0:
+            raise ValueError(f"cross_kv_fraction must be in (0, 1), got {self.cross_kv_fraction!r}")
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        """Each field's trailing comment above: the one description the CLI's --help, the
+        README's flag table and this file share."""
+        import inspect
+        import re
+
+        found = {}
+        for line in inspect.getsource(cls).splitlines():
+            m = re.match(r"\s{4}(\w+): [^#]*#\s*(.+)$", line)
+            if m:
+                found[m.group(1)] = m.group(2).strip()
+        return found
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> ServerArgs:
+        """Build from keyword arguments, naming any that is not an option."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(max_prompt_tokens=self.max_prompt_tokens,
+                             max_new_tokens=self.max_new_tokens_limit, max_n=self.max_n,
+                             max_images=self.max_images_per_request,
+                             max_batch_inputs=self.max_batch_inputs)
+
+    def resolved_device(self) -> str:
+        import torch
+
+        device = self.device
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {device!r} requested but CUDA is not available")
+            if device == "cuda":  # pin an index: pools and memory queries need one
+                device = f"cuda:{torch.cuda.current_device()}"
+        return device
+
+    def resolved_attention_backend(self, device: str) -> str:
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if device.startswith("cuda") else "torch_native"

@@ -1,0 +1,148 @@
+"""ModelRunner: owns the model, the pools and the attention backend on one device; runs one
+ModelWorkerBatch at a time and samples."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
+from seq2serve.models.loader import load_model
+from seq2serve.runtime.attention import create_backend
+from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.config.model_config import ModelConfig
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.executor.sampler import SampleOutput, Sampler
+from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch, decode_rows, to_forward_batch
+from seq2serve.runtime.memory.budget import available_bytes, plan_pools
+from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
+from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DEFAULT_MAX_LEN = 2048
+
+
+@dataclass
+class ForwardOutput:
+    sample: SampleOutput | None  # None for ENCODE
+    logits: torch.Tensor | None = None  # [B, vocab] of the sampled positions (debug/tests)
+    encoder_hidden: torch.Tensor | None = None  # ENCODE: the encoder's new outputs, packed
+
+
+def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> torch.dtype:
+    if args.dtype != "auto":
+        return _DTYPES[args.dtype]
+    if device == "cpu":
+        return torch.float32
+    return _DTYPES[model_config.checkpoint_dtype]
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_config: ModelConfig) -> None:
+        self.args = args
+        self.model_config = model_config
+        self.device = args.resolved_device()
+        self.dtype = resolve_dtype(args, model_config, self.device)
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))
+        torch.manual_seed(args.random_seed)
+        self.model = load_model(model_config, self.device, self.dtype, args.load_format)
+        self._init_pools()
+        self.backend_name = args.resolved_attention_backend(self.device)
+        self.attn_backend = create_backend(self.backend_name, device=self.device)
+        self.sampler = Sampler()
+        self.keep_logits = False  # tests turn this on to compare logits with an oracle
+        arch = model_config.arch
+        # vision models restrict each token's cross keys (image groups): graphs take ranges
+        self.uses_cross_ranges = getattr(arch, "image_token_id", None) is not None
+        self.graph_runner = None
+        if (self.device.startswith("cuda") and self.backend_name == "triton"
+                and not args.disable_cuda_graph):
+            from seq2serve.runtime.executor.cuda_graph_runner import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(
+                self, min(args.cuda_graph_max_bs, args.max_running_requests),
+                args.cuda_graph_max_prefill_tokens)
+
+    def _init_pools(self) -> None:
+        a, arch = self.args, self.model_config.arch
+        self.context_len = a.context_length or arch.max_length or _DEFAULT_MAX_LEN
+        self.max_encoder_len = 0
+        if arch.is_encoder_decoder:
+            self.max_encoder_len = a.max_encoder_len or arch.max_length or _DEFAULT_MAX_LEN
+        elif arch.num_cross_attn_layers:  # a vision model: room for its images' tiles
+            self.max_encoder_len = (a.max_encoder_len
+                                    or arch.default_max_encoder_len(a.max_images_per_request))
+        elt = self.dtype.itemsize
+        self_bytes = 2 * arch.num_self_attn_layers * arch.num_kv_heads * arch.head_dim * elt
+        cross_bytes = 2 * arch.num_cross_attn_layers * arch.num_kv_heads * arch.head_dim * elt
+        plan = plan_pools(
+            budget_bytes=available_bytes(self.device, a.mem_fraction),
+            self_bytes_per_token=self_bytes, cross_bytes_per_token=cross_bytes,
+            max_running=a.max_running_requests, context_len=self.context_len,
+            max_encoder_len=self.max_encoder_len, cross_fraction=a.cross_kv_fraction,
+            max_total_tokens=a.max_total_tokens, max_cross_tokens=a.max_cross_tokens,
+        )
+        ps = a.page_size
+        self.req_to_token_pool = ReqToTokenPool(a.max_running_requests + 1, self.context_len,
+                                                self.max_encoder_len, self.device)
+        self.token_to_kv_pool = TokenToKVPool(
+            max(1, plan.max_total_tokens // ps), ps, arch.num_self_attn_layers,
+            arch.num_kv_heads, arch.head_dim, self.dtype, self.device)
+        self.cross_kv_pool = CrossKVPool(
+            max(1, plan.max_cross_tokens // ps), ps, arch.num_cross_attn_layers,
+            arch.num_kv_heads, arch.head_dim, self.dtype, self.device,
+        ) if arch.num_cross_attn_layers else None
+        logger.info(
+            "pools: %d decoder KV tokens, %d cross KV tokens, page size %d, %d request slots",
+            self.token_to_kv_pool.capacity_tokens,
+            0 if self.cross_kv_pool is None else self.cross_kv_pool.capacity_tokens,
+            ps, self.req_to_token_pool.size,
+        )
+
+    @property
+    def pools(self) -> dict:
+        return {"req_to_token": self.req_to_token_pool, "token_to_kv": self.token_to_kv_pool,
+                "cross_kv": self.cross_kv_pool}
+
+    @torch.inference_mode()
+    def forward(self, wb: ModelWorkerBatch) -> ForwardOutput:
+        if self.graph_runner is not None:
+            if self.graph_runner.can_run(wb):
+                logits, greedy = self.graph_runner.replay(wb)
+                return self._sample(logits, greedy, wb)
+            if self.graph_runner.can_run_prefill(wb):
+                rows, last = decode_rows(wb)
+                logits, greedy = self.graph_runner.replay(rows)
+                last = last.to(logits.device, non_blocking=True)
+                return self._sample(logits[last], greedy[last], wb)
+        fb = to_forward_batch(wb, self.device, self.pools, self.attn_backend)
+        if fb.forward_mode is ForwardMode.ENCODE:
+            self.attn_backend.init_forward_metadata(fb)
+            new = None
+            if fb.encoder_input_ids is not None or fb.encoder_images is not None:
+                new = self.model.encode(fb)
+            parts = [h for h in (new, fb.cached_hidden) if h is not None]
+            self.model.store_cross_kv(torch.cat(parts) if len(parts) > 1 else parts[0], fb)
+            return ForwardOutput(sample=None, encoder_hidden=new)
+        # record where each new token's K/V goes, once for the whole batch
+        rows = fb.req_pool_indices.repeat_interleave(fb.extend_lens.long())
+        self.req_to_token_pool.req_to_token[rows, fb.positions] = fb.out_cache_loc.int()
+        self.attn_backend.init_forward_metadata(fb)
+        hidden = self.model(fb.input_ids, fb.positions, fb)
+        last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
+        logits = self.model.compute_logits(hidden[last])
+        return self._sample(logits, None, wb)
+
+    def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None,
+                wb: ModelWorkerBatch) -> ForwardOutput:
+        """wb.sampling None means plain greedy for every request: the argmax is the answer."""
+        if wb.sampling is None:
+            sample = SampleOutput(greedy if greedy is not None else logits.argmax(dim=-1))
+        else:
+            sample = self.sampler(logits, wb.sampling)
+        return ForwardOutput(sample=sample, logits=logits.float() if self.keep_logits else None)

@@ -1,0 +1,105 @@
+"""Turns logits into next tokens: penalties, temperature, top-k / top-p / min-p, and sampling
+that is reproducible per request when seeded (the noise depends on the seed and the token's
+index only, never on the batch the request happens to share)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+
+_M32 = 0xFFFFFFFF
+
+
+@dataclass
+class SampleOutput:
+    next_token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] float32, log p of the chosen token
+    top_logprob_ids: torch.Tensor | None = None  # [B, K]
+    top_logprobs: torch.Tensor | None = None  # [B, K]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+        logits = logits.float()
+        if sb.penalty_ids is not None:
+            logits = _apply_penalties(logits, sb)
+        if sb.banned_rows is not None:
+            logits[sb.banned_rows, sb.banned_cols] = float("-inf")
+        out = SampleOutput(next_token_ids=self._sample(logits, sb))
+        if sb.want_logprobs:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            out.logprobs = logprobs.gather(1, out.next_token_ids[:, None]).squeeze(1)
+            if sb.top_logprobs_num > 0:
+                vals, ids = logprobs.topk(min(sb.top_logprobs_num, logprobs.shape[-1]), dim=-1)
+                out.top_logprobs, out.top_logprob_ids = vals, ids
+        return out
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+        argmax = logits.argmax(dim=-1)
+        if sb.all_greedy:
+            return argmax
+        probs = torch.softmax(logits / sb.temperatures, dim=-1)
+        if sb.top_ks is not None or sb.top_ps is not None or sb.min_ps is not None:
+            probs = _filter(probs, sb)
+        # exponential race: argmax(p / E) with E ~ Exp(1) samples from p
+        noise = torch.empty_like(probs).exponential_()
+        if sb.seeds is not None:
+            seeded = sb.seeds >= 0
+            noise = torch.where(seeded[:, None], _seeded_exponential(sb.seeds, sb.steps,
+                                                                      probs.shape[-1]), noise)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(sb.greedy, argmax, sampled)
+
+
+def _filter(probs: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    if sb.top_ks is not None:
+        ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+        keep &= ranks < sb.top_ks[:, None]
+    if sb.top_ps is not None:
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
+        keep &= before < sb.top_ps
+    if sb.min_ps is not None:
+        keep &= sorted_p >= sb.min_ps * sorted_p[:, :1]
+    keep[:, 0] = True  # the most likely token always survives
+    sorted_p = sorted_p.masked_fill(~keep, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, sorted_p)
+
+
+def _apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    batch, vocab = logits.shape
+
+    def counts_of(ids: torch.Tensor) -> torch.Tensor:
+        c = torch.zeros(batch, vocab + 1, device=logits.device)
+        c.scatter_add_(1, ids, torch.ones_like(ids, dtype=c.dtype))
+        return c[:, :vocab]
+
+    seen = counts_of(sb.penalty_ids) > 0
+    penalized = torch.where(logits > 0, logits / sb.repetition, logits * sb.repetition)
+    logits = torch.where(seen, penalized, logits)
+    counts = counts_of(sb.output_counts_ids)
+    return logits - sb.frequency * counts - sb.presence * (counts > 0).float()
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finalizer on int64 tensors holding unsigned 32-bit values."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _seeded_exponential(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [B, vocab] that is a pure function of (seed, step, token id)."""
+    base = _mix32(_mix32(seeds & _M32) ^ ((seeds >> 32) & _M32))
+    base = _mix32(base ^ ((steps * 0x9E3779B9) & _M32))
+    tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    h = _mix32(_mix32((tokens[None, :] * 0x27D4EB2F) & _M32) ^ base[:, None])
+    u = ((h >> 9).float() + 0.5) / float(1 << 23)  # in (0, 1), exactly representable
+    return -torch.log(u)

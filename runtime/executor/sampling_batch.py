@@ -1,0 +1,101 @@
+"""The sampling parameters of one batch as tensors (built once per batch by the scheduler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from seq2serve.runtime.config.sampling_params import SamplingParams
+
+
+class SamplingRow(Protocol):
+    """What sampling reads of a request (the scheduler's Req has these)."""
+
+    sampling_params: SamplingParams
+    output_ids: list[int]
+    fill_ids: list[int]
+    return_logprob: bool
+    top_logprobs_num: int
+
+
+@dataclass
+class SamplingBatch:
+    temperatures: torch.Tensor  # [B, 1] float32; greedy rows hold 1.0 (they take the argmax)
+    greedy: torch.Tensor  # [B] bool
+    all_greedy: bool
+    top_ks: torch.Tensor | None  # [B] int64, vocab size where disabled; None if no row uses it
+    top_ps: torch.Tensor | None  # [B, 1] float32
+    min_ps: torch.Tensor | None  # [B, 1] float32
+    seeds: torch.Tensor | None  # [B] int64, -1 where unseeded; None if no row is seeded
+    steps: torch.Tensor | None  # [B] int64, tokens generated so far (the seeded stream's index)
+    # penalties
+    penalty_ids: torch.Tensor | None  # [B, L] int64 token ids seen, padded with vocab_size
+    output_counts_ids: torch.Tensor | None  # [B, L2] generated ids only, padded with vocab_size
+    repetition: torch.Tensor | None  # [B, 1]
+    frequency: torch.Tensor | None  # [B, 1]
+    presence: torch.Tensor | None  # [B, 1]
+    # tokens that may not be sampled yet (min_new_tokens): parallel row/column index tensors
+    banned_rows: torch.Tensor | None
+    banned_cols: torch.Tensor | None
+    # log probabilities to return
+    want_logprobs: bool
+    top_logprobs_num: int
+
+    @classmethod
+    def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
+                  device: str, pending: int = 0) -> SamplingBatch:
+        """`pending`: tokens each request has generated that the host has not seen yet (the
+        overlap scheduler's one step of lag); they count for seeds and min_new_tokens."""
+        sps = [r.sampling_params for r in reqs]
+
+        def col(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype).view(-1, 1).to(device, non_blocking=True)
+
+        greedy = [sp.is_greedy for sp in sps]
+        top_ks = [sp.top_k_or_none or vocab_size for sp in sps]
+        top_ps = [sp.top_p for sp in sps]
+        min_ps = [sp.min_p for sp in sps]
+        sampled = [not g for g in greedy]
+        seeded = any(sp.seed is not None for sp, s in zip(sps, sampled) if s)
+        penalized = any(sp.has_penalties for sp in sps)
+
+        banned_rows, banned_cols = [], []
+        for i, (r, sp) in enumerate(zip(reqs, sps)):
+            if len(r.output_ids) + pending < sp.min_new_tokens:
+                ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
+                banned_rows += [i] * len(ban)
+                banned_cols += sorted(ban)
+
+        def padded(seqs: list[list[int]]) -> torch.Tensor:
+            width = max(1, max(len(s) for s in seqs))
+            t = torch.full((len(seqs), width), vocab_size, dtype=torch.int64)
+            for i, s in enumerate(seqs):
+                t[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
+            return t.to(device, non_blocking=True)
+
+        return cls(
+            temperatures=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
+            greedy=torch.tensor(greedy, dtype=torch.bool).to(device, non_blocking=True),
+            all_greedy=all(greedy),
+            top_ks=torch.tensor(top_ks).to(device) if any(k < vocab_size for k in top_ks) else None,
+            top_ps=col(top_ps) if any(p < 1.0 for p in top_ps) else None,
+            min_ps=col(min_ps) if any(p > 0.0 for p in min_ps) else None,
+            seeds=torch.tensor([-1 if sp.seed is None else sp.seed for sp in sps],
+                               dtype=torch.int64).to(device) if seeded else None,
+            steps=torch.tensor([len(r.output_ids) + pending for r in reqs],
+                               dtype=torch.int64).to(device) if seeded else None,
+            penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
+                                for r, sp in zip(reqs, sps)]) if penalized else None,
+            output_counts_ids=padded([r.output_ids for r in reqs]) if penalized else None,
+            repetition=col([sp.repetition_penalty for sp in sps]) if penalized else None,
+            frequency=col([sp.frequency_penalty for sp in sps]) if penalized else None,
+            presence=col([sp.presence_penalty for sp in sps]) if penalized else None,
+            banned_rows=torch.tensor(banned_rows, dtype=torch.int64).to(device)
+            if banned_rows else None,
+            banned_cols=torch.tensor(banned_cols, dtype=torch.int64).to(device)
+            if banned_rows else None,
+            want_logprobs=any(r.return_logprob for r in reqs),
+            top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
+        )

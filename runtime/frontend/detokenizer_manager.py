@@ -1,0 +1,62 @@
+"""The detokenizer's process: turns token ids from the scheduler into text, incrementally, and
+forwards everything to the tokenizer manager."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import traceback
+
+import zmq
+
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.incremental_detokenizer import IncrementalDetokenizer
+from seq2serve.runtime.messages.io_struct import BatchTokenOutput
+from seq2serve.runtime.messages.ipc import IpcNames, parent_alive, socket
+
+logger = logging.getLogger(__name__)
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalDetokenizer] = {}
+
+    def handle(self, batch: BatchTokenOutput) -> None:
+        for out in batch.outputs:
+            if out.error is not None or out.need_pixels:
+                continue
+            state = self.states.get(out.rid)
+            if state is None:
+                state = IncrementalDetokenizer(self.tokenizer, out.skip_special_tokens, out.stop)
+                self.states[out.rid] = state
+            finished = out.finished_reason is not None
+            out.text = state.add(out.new_token_ids, finished=finished)
+            if finished:
+                del self.states[out.rid]
+
+
+def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        manager = DetokenizerManager(load_tokenizer(args.tokenizer_path or args.model_path))
+        ctx = zmq.Context()
+        recv = socket(ctx, zmq.PULL, ipc.detokenizer_input, bind=True)
+        send = socket(ctx, zmq.PUSH, ipc.tokenizer_input, bind=False)
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        ready_pipe.send({"status": "error", "type": type(e).__name__, "message": str(e),
+                         "traceback": traceback.format_exc()})
+        return
+    ready_pipe.send({"status": "ready"})
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    while True:
+        if not poller.poll(500):
+            if not parent_alive(parent_pid):
+                return
+            continue
+        msg = recv.recv_pyobj()
+        if isinstance(msg, BatchTokenOutput):
+            manager.handle(msg)
+        send.send_pyobj(msg)

@@ -1,0 +1,225 @@
+"""Seq2SeqEngine: the Python API. It starts the same scheduler and detokenizer processes as the
+HTTP server and runs the TokenizerManager on an event loop of its own (a background thread), so
+it works from plain scripts, from async code and from notebooks alike."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from seq2serve.encoders.image_loader import MediaPolicy
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
+from seq2serve.runtime.frontend.prompts import chat_prompt, translation_prompt
+from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+_WATCH_INTERVAL_S = 0.5
+
+
+class Seq2SeqEngine:
+    """Serve a model in this Python process.
+
+    >>> with Seq2SeqEngine(model_path=DIR, device="cpu") as engine:
+    ...     out = engine.generate(prompt="translate English to German: Hi",
+    ...                           sampling_params={"max_new_tokens": 16, "temperature": 0})
+    ...     out["text"], out["output_ids"], out["meta_info"]["finish_reason"]
+
+    A single prompt returns one dict; a list (or n > 1) returns a list. With `stream=True`,
+    `generate` returns an iterator of chunks whose "text" pieces concatenate to the full text.
+    Options are ServerArgs fields (device, dtype, attention_backend, page_size, ...).
+    """
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        if model_path is None:
+            from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
+
+            model_path = str(default_demo_path())
+        self.args = ServerArgs.from_kwargs(model_path=str(model_path), **kwargs)
+        self._closed = False
+        self.procs: RuntimeProcesses = launch_processes(self.args)
+        try:
+            tokenizer = load_tokenizer(self.args.tokenizer_path or self.args.model_path)
+            # the Python API is a trusted caller: image file paths are allowed
+            policy = MediaPolicy(allow_local_paths=True, allow_remote=self.args.allow_remote_media,
+                                 max_pixels=self.args.max_image_pixels)
+            self.tokenizer_manager = TokenizerManager(
+                self.procs.ipc, tokenizer, self.procs.info, model_id=self.args.model_path,
+                media_policy=policy, limits=self.args.request_limits())
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever,
+                                             name="seq2serve-engine-loop", daemon=True)
+            self._thread.start()
+            self._call(self.tokenizer_manager.start())
+            self._watcher = threading.Thread(target=self._watch, name="seq2serve-watch",
+                                             daemon=True)
+            self._watcher.start()
+        except BaseException:
+            self.procs.shutdown()
+            raise
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the scheduler reported at start: architecture, device, dtype, pool sizes."""
+        return dict(self.procs.info)
+
+    # --- generation --------------------------------------------------------------------------
+    def generate(self, prompt: str | list[str] | None = None,
+                 sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 decoder_input_ids: list[int] | list[list[int]] | None = None,
+                 stream: bool = False, return_logprob: bool = False,
+                 top_logprobs_num: int = 0, rid: str | list[str] | None = None,
+                 image_data: Any = None, user: str | None = None):
+        """`image_data` (vision models) is aligned with the prompts: for each, one image or a
+        list (empty for text-only); an image is a path, bytes, base64, a data URL or a PIL
+        image."""
+        obj = GenerateReqInput(text=prompt, input_ids=input_ids,
+                               decoder_input_ids=decoder_input_ids,
+                               sampling_params=sampling_params, stream=stream,
+                               return_logprob=return_logprob,
+                               top_logprobs_num=top_logprobs_num, rid=rid,
+                               image_data=image_data, user=user)
+        if stream:
+            return self._sync_iter(self.tokenizer_manager.generate(obj))
+        results = self._call(_collect(self.tokenizer_manager.generate(obj)))
+        return results if _returns_list(obj) else results[0]
+
+    async def async_generate(self, prompt: str | list[str] | None = None,
+                             sampling_params: dict | list[dict] | None = None,
+                             input_ids: list[int] | list[list[int]] | None = None,
+                             decoder_input_ids: list[int] | list[list[int]] | None = None,
+                             stream: bool = False, return_logprob: bool = False,
+                             top_logprobs_num: int = 0, rid: str | list[str] | None = None,
+                             image_data: Any = None, user: str | None = None):
+        """Like `generate`, from async code. With stream=True it returns an async iterator."""
+        obj = GenerateReqInput(text=prompt, input_ids=input_ids,
+                               decoder_input_ids=decoder_input_ids,
+                               sampling_params=sampling_params, stream=stream,
+                               return_logprob=return_logprob,
+                               top_logprobs_num=top_logprobs_num, rid=rid,
+                               image_data=image_data, user=user)
+        if stream:
+            return self._async_iter(self.tokenizer_manager.generate(obj))
+        results = await self._acall(_collect(self.tokenizer_manager.generate(obj)))
+        return results if _returns_list(obj) else results[0]
+
+    def translate(self, text: str | list[str], source_lang: str = "English",
+                  target_lang: str = "German", sampling_params: dict | None = None,
+                  stream: bool = False, user: str | None = None):
+        """Translate with the model's prompt template (T5's convention when it has none)."""
+        texts = text if isinstance(text, list) else [text]
+        prompts = [translation_prompt(self.args.model_path, t, source_lang, target_lang)
+                   for t in texts]
+        return self.generate(prompt=prompts if isinstance(text, list) else prompts[0],
+                             sampling_params=sampling_params, stream=stream, user=user)
+
+    def chat(self, messages: list[dict[str, Any]], sampling_params: dict | None = None,
+             stream: bool = False, user: str | None = None):
+        """One chat turn: the chat template when the tokenizer has one, else a plain join.
+        Content parts may carry images ({"type": "image", "image": ...} or OpenAI's
+        {"type": "image_url", ...})."""
+        prompt = chat_prompt(self.tokenizer_manager.tokenizer, messages)
+        return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
+                             image_data=prompt.get("image_data") or None,
+                             sampling_params=sampling_params, stream=stream, user=user)
+
+    # --- operations --------------------------------------------------------------------------
+    def check_integrity(self) -> dict[str, Any]:
+        """Ask the scheduler to account for every pool slot; AssertionError if one leaked."""
+        reply = self._call(self.tokenizer_manager.control("check_integrity"))
+        if not reply.ok:
+            raise AssertionError(reply.payload.get("error"))
+        return reply.payload
+
+    def stats(self) -> dict[str, Any]:
+        return self._call(self.tokenizer_manager.control("stats")).payload
+
+    def flush_cache(self) -> bool:
+        return self._call(self.tokenizer_manager.control("flush_cache")).ok
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        if hasattr(self, "_loop"):
+            try:
+                asyncio.run_coroutine_threadsafe(self.tokenizer_manager.close(),
+                                                 self._loop).result(timeout=5)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=5)
+        self._closed = True
+        self.procs.shutdown()
+
+    def __enter__(self) -> Seq2SeqEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - interpreter teardown
+            pass
+
+    # --- plumbing between the caller and the engine's loop -----------------------------------
+    def _call(self, coro):
+        if self._closed:
+            raise RuntimeError("the engine has been shut down")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _acall(self, coro):
+        if self._closed:
+            raise RuntimeError("the engine has been shut down")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _sync_iter(self, agen: AsyncIterator) -> Iterator:
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:  # the caller stopped early: close the generator, which aborts the request
+            if not self._closed:
+                self._call(agen.aclose())
+
+    async def _async_iter(self, agen: AsyncIterator) -> AsyncIterator:
+        try:
+            while True:
+                try:
+                    yield await self._acall(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                await self._acall(agen.aclose())
+
+    def _watch(self) -> None:
+        while not self._closed:
+            reason = self.procs.dead_child()
+            if reason is not None:
+                logger.error("%s; the engine can no longer serve", reason)
+                self._loop.call_soon_threadsafe(self.tokenizer_manager.mark_dead, reason)
+                return
+            threading.Event().wait(_WATCH_INTERVAL_S)
+
+
+async def _collect(agen: AsyncIterator) -> list:
+    return [item async for item in agen]
+
+
+def _returns_list(obj: GenerateReqInput) -> bool:
+    is_batch = isinstance(obj.text, list) or (
+        isinstance(obj.input_ids, list) and bool(obj.input_ids)
+        and isinstance(obj.input_ids[0], list))
+    sp = obj.sampling_params
+    n = sp.get("n", 1) if isinstance(sp, dict) else 1
+    return is_batch or (n or 1) > 1

@@ -1,0 +1,232 @@
+"""The HTTP server: FastAPI + uvicorn in front of a TokenizerManager.
+
+Lifecycle: `run_server` starts the scheduler and detokenizer processes, then serves. Ctrl-C or
+SIGTERM drains: new requests and /health get 503 while running requests finish (at most
+`--shutdown-grace` seconds; a second signal stops at once); then uvicorn stops, then the
+children, and the process exits 0. If a child dies, the server logs it, /health answers 503 and
+open streams end with an error event for a second, then the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from seq2serve.encoders.image_loader import MediaPolicy
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.body_limit import BodySizeLimit
+from seq2serve.runtime.frontend.http_drain import DrainingServer
+from seq2serve.runtime.frontend.http_middleware import AuthAndCount
+from seq2serve.runtime.frontend.http_protocol import header_deadline_protocol
+from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
+from seq2serve.runtime.frontend.metrics import ServerMetrics
+from seq2serve.runtime.frontend.openai_protocol import (
+    AbortBody,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    TranslationRequest,
+)
+from seq2serve.runtime.frontend.openai_serving import (
+    ClientDisconnected,
+    OpenAIServing,
+    RequestError,
+    json_error,
+)
+from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+_WATCH_INTERVAL_S = 0.5
+# after a child dies: how long /health keeps answering 503 and streams get their error events
+# before the server exits (clients see why, instead of a refused connection)
+_DEAD_GRACE_S = 1.0
+
+
+def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -> FastAPI:
+    tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
+    policy = MediaPolicy(allow_local_paths=False, local_media_dir=args.allowed_local_media_path,
+                         allow_remote=args.allow_remote_media, max_pixels=args.max_image_pixels)
+    tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
+                          media_policy=policy, limits=args.request_limits())
+    metrics = ServerMetrics()
+    tm.metrics = metrics
+    model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
+    serving = OpenAIServing(tm, model_name, args.model_path)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await tm.start()
+        watcher = asyncio.create_task(_watch(procs, tm, on_child_death))
+        yield
+        watcher.cancel()
+        await tm.close()
+
+    app = FastAPI(title="seq2serve", lifespan=lifespan)
+    app.state.tm, app.state.metrics, app.state.serving = tm, metrics, serving
+
+    app.add_middleware(AuthAndCount, api_key=args.api_key, metrics=metrics, router=app.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        return json_error(400, _describe(exc), param=_param_of(exc))
+
+    @app.exception_handler(RequestError)
+    async def on_request_error(request: Request, exc: RequestError):
+        return json_error(exc.status, str(exc), kind=exc.kind, param=exc.param)
+
+    @app.exception_handler(ValueError)
+    async def on_value_error(request: Request, exc: ValueError):
+        return json_error(400, str(exc))
+
+    @app.exception_handler(EngineDeadError)
+    async def on_dead(request: Request, exc: EngineDeadError):
+        return json_error(503, str(exc), kind="service_unavailable")
+
+    @app.exception_handler(ClientDisconnected)
+    async def on_disconnect(request: Request, exc: ClientDisconnected):
+        return Response(status_code=499)
+
+    @app.get("/health")
+    async def health():
+        if tm.dead_reason is not None or tm.draining:
+            return json_error(503, tm.dead_reason or "the server is shutting down",
+                              kind="service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": int(time.time()),
+                                            "owned_by": "seq2serve",
+                                            "root": args.model_path}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await serving.completions(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await serving.chat(body, request)
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequest, request: Request):
+        return await serving.generate(body, request)
+
+    @app.post("/v1/translations")
+    async def translations(body: TranslationRequest, request: Request):
+        return await serving.translations(body, request)
+
+    @app.post("/abort_request")
+    async def abort_request(body: AbortBody):
+        await tm.abort(body.rid)
+        return {"rid": body.rid}
+
+    @app.post("/flush_cache")
+    async def flush_cache():
+        reply = await tm.control("flush_cache")
+        return {"flushed": reply.ok}
+
+    @app.get("/metrics")
+    async def prometheus():
+        reply = await tm.control("stats")
+        metrics.set_scheduler_stats(reply.payload)
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/debug/integrity")
+    async def integrity():
+        """Accounts for every slot of every pool (tests call it after a load)."""
+        reply = await tm.control("check_integrity")
+        status = 200 if reply.ok else 500
+        return JSONResponse({"ok": reply.ok, **reply.payload}, status_code=status)
+
+    @app.get("/debug/stats")
+    async def stats():
+        return (await tm.control("stats")).payload
+
+    return app
+
+
+async def _watch(procs: RuntimeProcesses, tm: TokenizerManager, on_child_death) -> None:
+    while True:
+        reason = procs.dead_child()
+        if reason is not None:
+            logger.error("%s; the server can no longer serve and will exit", reason)
+            tm.mark_dead(reason)
+            await asyncio.sleep(_DEAD_GRACE_S)
+            if on_child_death is not None:
+                on_child_death(reason)
+            return
+        await asyncio.sleep(_WATCH_INTERVAL_S)
+
+
+def _param_of(exc: RequestValidationError) -> str | None:
+    errors = exc.errors()
+    if errors and errors[0].get("type") != "json_invalid":
+        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+        return ".".join(loc) or None
+    return None
+
+
+def _describe(exc: RequestValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        if e.get("type") == "json_invalid":
+            parts.append(f"malformed JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+        elif loc:
+            parts.append(f"{loc}: {e.get('msg')}")
+        else:
+            parts.append(e.get("msg", "invalid request"))
+    return "; ".join(parts) or "invalid request body"
+
+
+def run_server(args: ServerArgs) -> int:
+    """Serve until Ctrl-C / SIGTERM (exit code 0) or until a child process dies (1)."""
+    import uvicorn
+
+    procs = launch_processes(args)
+    exit_code = 0
+    server = None
+
+    def on_child_death(reason: str) -> None:
+        nonlocal exit_code
+        exit_code = 1
+        server.should_exit = True
+
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with
+    # these (no-op) handlers in place that ends in a normal return and exit code 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    try:
+        app = create_app(args, procs, on_child_death)
+        config = uvicorn.Config(BodySizeLimit(app, args.max_request_bytes), host=args.host,
+                                port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=5,
+                                http=header_deadline_protocol(args.header_timeout),
+                                timeout_keep_alive=args.timeout_keep_alive,
+                                limit_concurrency=args.max_connections)
+        server = DrainingServer(config, app.state.tm, args.shutdown_grace)
+        info = procs.info
+        print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {info['device']} "
+              f"{info['dtype']}, attention {info['attention_backend']}; KV pool "
+              f"{info['kv_capacity_tokens']} tokens, cross-KV pool "
+              f"{info['cross_capacity_tokens']} tokens) on http://{args.host}:{args.port}",
+              file=sys.stderr, flush=True)
+        server.run()
+        if not server.started and exit_code == 0:
+            exit_code = 1  # could not bind the port, say
+    finally:
+        procs.shutdown()
+    return exit_code
+

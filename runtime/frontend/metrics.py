@@ -1,0 +1,77 @@
+"""Prometheus metrics of one server (its own registry, so several can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("seq2serve_requests", "Requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("seq2serve_prompt_tokens", "Prompt tokens processed",
+                                     registry=r)
+        self.generated_tokens = Counter("seq2serve_generation_tokens", "Tokens generated",
+                                        registry=r)
+        self.ttft = Histogram("seq2serve_time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("seq2serve_inter_token_latency_seconds",
+                             "Time between consecutive tokens", buckets=_LATENCY_BUCKETS,
+                             registry=r)
+        self.e2e = Histogram("seq2serve_e2e_request_latency_seconds", "Request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("seq2serve_num_running_reqs", "Requests decoding", registry=r)
+        self.waiting = Gauge("seq2serve_num_waiting_reqs", "Requests queued", registry=r)
+        self.kv_usage = Gauge("seq2serve_kv_cache_usage", "Share of decoder KV slots in use",
+                              registry=r)
+        self.cross_usage = Gauge("seq2serve_cross_kv_cache_usage",
+                                 "Share of cross-attention KV slots in use", registry=r)
+        self.encoder_hit_rate = Gauge("seq2serve_encoder_cache_hit_rate",
+                                      "Encoder inputs served from the encoder cache", registry=r)
+        self.encoder_entries = Gauge("seq2serve_encoder_cache_entries",
+                                     "Encoder outputs cached (either tier)", registry=r)
+        self.encoder_hot_tokens = Gauge("seq2serve_encoder_cache_hot_tokens",
+                                        "Cross K/V tokens held by the encoder cache", registry=r)
+        self.encoder_hidden_bytes = Gauge("seq2serve_encoder_cache_hidden_bytes",
+                                          "Encoder hidden states kept (warm tier)", registry=r)
+        self.prefix_hit_rate = Gauge("seq2serve_prefix_cache_hit_rate",
+                                     "Decoder prompt tokens served from the radix cache",
+                                     registry=r)
+        self.prefix_tokens = Gauge("seq2serve_prefix_cache_tokens",
+                                   "Decoder tokens held by the radix cache", registry=r)
+
+    # hooks called by the tokenizer manager
+    def on_first_token(self, ttft: float) -> None:
+        self.ttft.observe(ttft)
+
+    def on_tokens(self, n: int, gap: float) -> None:
+        """n tokens (after the first) that took `gap` seconds together."""
+        self.generated_tokens.inc(n)
+        for _ in range(n):
+            self.itl.observe(gap / max(n, 1))
+
+    def on_finish(self, prompt_tokens: int, e2e: float) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.e2e.observe(e2e)
+
+    def set_scheduler_stats(self, stats: dict) -> None:
+        self.running.set(stats.get("running_requests", 0))
+        self.waiting.set(stats.get("waiting_requests", 0))
+        if stats.get("kv_total_tokens"):
+            self.kv_usage.set(stats["kv_used_tokens"] / stats["kv_total_tokens"])
+        if stats.get("cross_total_tokens"):
+            self.cross_usage.set(stats["cross_used_tokens"] / stats["cross_total_tokens"])
+        if stats.get("encoder_cache_lookups"):
+            self.encoder_hit_rate.set(stats["encoder_cache_hits"] / stats["encoder_cache_lookups"])
+        self.encoder_entries.set(stats.get("encoder_cache_entries", 0))
+        self.encoder_hot_tokens.set(stats.get("encoder_cache_hot_tokens", 0))
+        self.encoder_hidden_bytes.set(stats.get("encoder_cache_hidden_bytes", 0))
+        if stats.get("radix_queried_tokens"):
+            self.prefix_hit_rate.set(stats["radix_matched_tokens"] / stats["radix_queried_tokens"])
+        self.prefix_tokens.set(stats.get("radix_cache_tokens", 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,373 @@
+"""The HTTP API's handlers: OpenAI-compatible completions and chat, SGLang's /generate, and
+/v1/translations. Each turns its body into a GenerateReqInput for the TokenizerManager and
+shapes the results (whole, or as server-sent events ending with `data: [DONE]`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    TranslationRequest,
+)
+from seq2serve.runtime.frontend.prompts import chat_prompt, translation_prompt
+from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
+
+_DISCONNECT_POLL_S = 0.2
+
+
+class RequestError(ValueError):
+    """Bad input: answered with this HTTP status and an OpenAI-style error body."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.param, self.kind = status, param, kind
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+def error_body(message: str, kind: str = "invalid_request_error",
+               param: str | None = None, code: Any = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    """A stream of server-sent events that, if the request fails after the 200 was sent (the
+    scheduler died, the request was refused late), ends with an OpenAI-style error event and
+    `data: [DONE]` instead of a silently closed connection."""
+    async def guarded():
+        try:
+            async for event in events:
+                yield event
+        except EngineDeadError as e:
+            yield _sse(error_body(str(e), kind="service_unavailable", code=503))
+            yield "data: [DONE]\n\n"
+        except ValueError as e:
+            yield _sse(error_body(str(e), code=400))
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(guarded(), media_type="text/event-stream")
+
+
+def _finish(reason: dict | None) -> str | None:
+    if reason is None:
+        return None
+    return "length" if reason["type"] == "length" else "stop"
+
+
+class OpenAIServing:
+    def __init__(self, tm: TokenizerManager, model_name: str, model_path: str) -> None:
+        self.tm = tm
+        self.model_name = model_name
+        self.model_path = model_path
+
+    # --- shared ------------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.model_name, self.model_path):
+            raise RequestError(f"model {model!r} not found; this server serves "
+                               f"{self.model_name!r}", status=404, param="model",
+                               kind="not_found_error")
+
+    @staticmethod
+    def sampling(body, max_tokens: int | None) -> dict[str, Any]:
+        """OpenAI names -> SGLang sampling parameters (None means: the default)."""
+        fields = {
+            "max_new_tokens": max_tokens,
+            "min_new_tokens": body.min_tokens,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "top_k": body.top_k,
+            "min_p": body.min_p,
+            "repetition_penalty": body.repetition_penalty,
+            "frequency_penalty": body.frequency_penalty,
+            "presence_penalty": body.presence_penalty,
+            "stop": body.stop,
+            "stop_token_ids": body.stop_token_ids,
+            "ignore_eos": body.ignore_eos,
+            "skip_special_tokens": body.skip_special_tokens,
+            "n": body.n,
+            "seed": body.seed,
+        }
+        return {k: v for k, v in fields.items() if v is not None}
+
+    @staticmethod
+    def unsupported(body, names: dict[str, Any]) -> None:
+        for name, ok in names.items():
+            value = getattr(body, name, None)
+            if value is not None and value is not False and value != ok and value != {}:
+                raise RequestError(f"{name} is not supported", param=name)
+
+    async def collect(self, obj: GenerateReqInput, request: Request) -> list[dict[str, Any]]:
+        """All results of `obj`, aborting them if the client goes away meanwhile."""
+        async def run() -> list[dict[str, Any]]:
+            return [r async for r in self.tm.generate(obj)]
+
+        task = asyncio.ensure_future(run())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()  # the generator's cleanup aborts the requests
+                await asyncio.gather(task, return_exceptions=True)
+                raise ClientDisconnected()
+
+    async def _first(self, agen: AsyncIterator) -> tuple[Any, AsyncIterator]:
+        """Start a stream so that bad input fails before the 200 status is sent."""
+        try:
+            first = await agen.__anext__()
+        except StopAsyncIteration:
+            first = None
+        return first, agen
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tm.tokenizer.decode([token_id])
+
+    def _usage(self, results: list[dict[str, Any]], n: int) -> dict[str, int]:
+        prompt = sum(r["meta_info"]["prompt_tokens"] for r in results[::n])
+        completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    # --- /v1/completions ---------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request):
+        self.check_model(body.model)
+        self.unsupported(body, {"echo": False, "suffix": None, "logit_bias": None,
+                                "best_of": body.n})
+        prompt = body.prompt
+        if isinstance(prompt, list) and not prompt:
+            raise RequestError("prompt is an empty list", param="prompt")
+        is_ids = isinstance(prompt, list) and isinstance(prompt[0], (int, list))
+        logprobs = body.logprobs is not None
+        obj = GenerateReqInput(
+            text=None if is_ids else prompt, input_ids=prompt if is_ids else None,
+            sampling_params=self.sampling(body, body.max_tokens), stream=body.stream,
+            return_logprob=logprobs, top_logprobs_num=body.logprobs or 0, user=body.user)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            return await self._stream_completions(obj, body, rid, created, logprobs)
+        results = await self.collect(obj, request)
+        choices = [{"index": i, "text": r["text"],
+                    "logprobs": self._completion_logprobs(r) if logprobs else None,
+                    "finish_reason": _finish(r["meta_info"]["finish_reason"])}
+                   for i, r in enumerate(results)]
+        return {"id": rid, "object": "text_completion", "created": created,
+                "model": self.model_name, "choices": choices,
+                "usage": self._usage(results, body.n)}
+
+    def _completion_logprobs(self, r: dict[str, Any]) -> dict[str, Any]:
+        pairs = r["meta_info"].get("output_token_logprobs", [])
+        tops = r["meta_info"].get("output_top_logprobs", [])
+        tokens = [self._token_text(t) for _, t in pairs]
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        return {"tokens": tokens, "token_logprobs": [lp for lp, _ in pairs],
+                "top_logprobs": [{self._token_text(t): lp for t, lp in top} for top in tops]
+                if tops else None,
+                "text_offset": offsets}
+
+    async def _stream_completions(self, obj, body, rid, created, logprobs):
+        first, agen = await self._first(self.tm.generate(obj))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def events():
+            usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            chunk = first
+            while chunk is not None:
+                choice = {"index": chunk["index"], "text": chunk["text"], "logprobs": None,
+                          "finish_reason": _finish(chunk["meta_info"]["finish_reason"])}
+                if logprobs:
+                    ids = chunk["output_ids"]
+                    choice["logprobs"] = {
+                        "tokens": [self._token_text(t) for t in ids],
+                        "token_logprobs": chunk.get("logprobs", []),
+                        "top_logprobs": [{self._token_text(t): lp for t, lp in top}
+                                         for top in chunk.get("top_logprobs", [])] or None}
+                yield _sse({"id": rid, "object": "text_completion", "created": created,
+                            "model": self.model_name, "choices": [choice]})
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    self._count_usage(usage, chunk, body.n)
+                chunk = await anext(agen, None)
+            if include_usage:
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                yield _sse({"id": rid, "object": "text_completion", "created": created,
+                            "model": self.model_name, "choices": [], "usage": usage})
+            yield "data: [DONE]\n\n"
+
+        return sse_response(events())
+
+    @staticmethod
+    def _count_usage(usage: dict[str, int], chunk: dict[str, Any], n: int) -> None:
+        meta = chunk["meta_info"]
+        usage["completion_tokens"] += meta["completion_tokens"]
+        if chunk["index"] % n == 0:
+            usage["prompt_tokens"] += meta["prompt_tokens"]
+
+    # --- /v1/chat/completions ----------------------------------------------------------------
+    async def chat(self, body: ChatCompletionRequest, request: Request):
+        self.check_model(body.model)
+        self.unsupported(body, {"logit_bias": None, "tools": None})
+        if body.top_logprobs and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        for m in messages:
+            m.setdefault("content", "")
+        prompt = chat_prompt(self.tm.tokenizer, messages)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        obj = GenerateReqInput(text=prompt.get("text"), input_ids=prompt.get("input_ids"),
+                               image_data=prompt.get("image_data") or None,
+                               sampling_params=self.sampling(body, max_tokens),
+                               stream=body.stream, return_logprob=body.logprobs,
+                               top_logprobs_num=body.top_logprobs or 0, user=body.user)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            return await self._stream_chat(obj, body, rid, created)
+        results = await self.collect(obj, request)
+        choices = [{"index": i, "message": {"role": "assistant", "content": r["text"]},
+                    "logprobs": {"content": self._chat_logprobs(
+                        r["meta_info"].get("output_token_logprobs", []),
+                        r["meta_info"].get("output_top_logprobs", []))}
+                    if body.logprobs else None,
+                    "finish_reason": _finish(r["meta_info"]["finish_reason"])}
+                   for i, r in enumerate(results)]
+        return {"id": rid, "object": "chat.completion", "created": created,
+                "model": self.model_name, "choices": choices,
+                "usage": self._usage(results, body.n)}
+
+    def _chat_logprobs(self, pairs, tops) -> list[dict[str, Any]]:
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            text = self._token_text(token_id)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        out = []
+        for i, (lp, t) in enumerate(pairs):
+            e = entry(t, lp)
+            e["top_logprobs"] = [entry(tt, tlp) for tt, tlp in tops[i]] if i < len(tops) else []
+            out.append(e)
+        return out
+
+    async def _stream_chat(self, obj, body, rid, created):
+        first, agen = await self._first(self.tm.generate(obj))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk_of(choices):
+            return {"id": rid, "object": "chat.completion.chunk", "created": created,
+                    "model": self.model_name, "choices": choices}
+
+        async def events():
+            for i in range(body.n):
+                yield _sse(chunk_of([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]))
+            usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            chunk = first
+            while chunk is not None:
+                finish = _finish(chunk["meta_info"]["finish_reason"])
+                choice = {"index": chunk["index"], "delta": {"content": chunk["text"]},
+                          "logprobs": None, "finish_reason": finish}
+                if body.logprobs:
+                    pairs = list(zip(chunk.get("logprobs", []), chunk["output_ids"]))
+                    choice["logprobs"] = {"content": self._chat_logprobs(
+                        pairs, chunk.get("top_logprobs", []))}
+                yield _sse(chunk_of([choice]))
+                if finish is not None:
+                    self._count_usage(usage, chunk, body.n)
+                chunk = await anext(agen, None)
+            if include_usage:
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                yield _sse({**chunk_of([]), "usage": usage})
+            yield "data: [DONE]\n\n"
+
+        return sse_response(events())
+
+    # --- /generate (SGLang native) -----------------------------------------------------------
+    async def generate(self, body: GenerateRequest, request: Request):
+        obj = GenerateReqInput(**body.model_dump())
+        if not body.stream:
+            results = await self.collect(obj, request)
+            single = isinstance(body.text, str) or (
+                body.input_ids is not None and body.input_ids
+                and isinstance(body.input_ids[0], int))
+            n = (body.sampling_params or {}).get("n", 1) if isinstance(
+                body.sampling_params, dict) else 1
+            return results[0] if single and n == 1 else results
+        first, agen = await self._first(self.tm.generate(obj))
+
+        async def events():
+            # SGLang's convention: each event carries the text and ids so far
+            texts: dict[int, str] = {}
+            ids: dict[int, list[int]] = {}
+            chunk = first
+            while chunk is not None:
+                i = chunk["index"]
+                texts[i] = texts.get(i, "") + chunk["text"]
+                ids[i] = ids.get(i, []) + chunk["output_ids"]
+                yield _sse({"index": i, "text": texts[i], "output_ids": ids[i],
+                            "meta_info": chunk["meta_info"]})
+                chunk = await anext(agen, None)
+            yield "data: [DONE]\n\n"
+
+        return sse_response(events())
+
+    # --- /v1/translations --------------------------------------------------------------------
+    async def translations(self, body: TranslationRequest, request: Request):
+        self.check_model(body.model)
+        texts = body.input if isinstance(body.input, list) else [body.input]
+        if not texts:
+            raise RequestError("input is an empty list", param="input")
+        for i, t in enumerate(texts):
+            if not t:
+                raise RequestError(f"input[{i}] is empty", param="input")
+        prompts = [translation_prompt(self.model_path, t, body.source_lang, body.target_lang)
+                   for t in texts]
+        sp = {k: v for k, v in (("max_new_tokens", body.max_tokens),
+                                ("temperature", body.temperature)) if v is not None}
+        sp.setdefault("temperature", 0.0)  # translation wants the most likely output
+        obj = GenerateReqInput(text=prompts, sampling_params=sp, stream=body.stream,
+                               user=body.user)
+        rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            first, agen = await self._first(self.tm.generate(obj))
+
+            async def events():
+                chunk = first
+                while chunk is not None:
+                    yield _sse({"id": rid, "object": "translation.chunk", "created": created,
+                                "model": self.model_name,
+                                "data": [{"index": chunk["index"], "delta": chunk["text"],
+                                          "finish_reason": _finish(
+                                              chunk["meta_info"]["finish_reason"])}]})
+                    chunk = await anext(agen, None)
+                yield "data: [DONE]\n\n"
+
+            return sse_response(events())
+        results = await self.collect(obj, request)
+        return {"id": rid, "object": "translation", "created": created, "model": self.model_name,
+                "data": [{"index": i, "translation": r["text"],
+                          "finish_reason": _finish(r["meta_info"]["finish_reason"])}
+                         for i, r in enumerate(results)],
+                "usage": self._usage(results, 1)}
+
+
+def json_error(status: int, message: str, kind: str = "invalid_request_error",
+               param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code=status), status_code=status)

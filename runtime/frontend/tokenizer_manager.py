@@ -1,0 +1,462 @@
+"""The TokenizerManager: runs on asyncio in the caller's process. Validates and tokenizes
+requests, sends them to the scheduler, and hands each caller its detokenized results."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
+from seq2serve.encoders.image_loader import MediaPolicy, read_image
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.config.server_args import RequestLimits
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput, invalid_text
+from seq2serve.runtime.memory.host_memory import release_freed_memory
+from seq2serve.runtime.messages.io_struct import (
+    AbortRequest,
+    BatchTokenOutput,
+    ControlReply,
+    ControlRequest,
+    TokenizedRequest,
+    TokenOutput,
+)
+from seq2serve.runtime.messages.ipc import IpcNames, socket
+
+logger = logging.getLogger(__name__)
+
+_SHIPPED_MEMORY = 4096  # image keys remembered as sent to the scheduler
+
+
+class EngineDeadError(RuntimeError):
+    """A child process of the runtime died; no request can be served any more."""
+
+
+@dataclass
+class _ReqState:
+    rid: str
+    index: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    created: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: bool = False
+    request: TokenizedRequest | None = None  # as tokenized, every image's pixels included
+
+
+class TokenizerManager:
+    def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str,
+                 media_policy: MediaPolicy | None = None,
+                 limits: RequestLimits | None = None) -> None:
+        self.ipc = ipc
+        self.tokenizer = tokenizer
+        self.info = info
+        self.model_id = model_id
+        self.is_encoder_decoder = info["is_encoder_decoder"]
+        self.media_policy = media_policy or MediaPolicy()
+        self.limits = limits or RequestLimits()
+        self.image_processor = None
+        self.image_pool = None
+        if info.get("has_vision"):
+            import torch
+
+            from seq2serve.encoders.image_processor import ImageProcessor
+
+            dtype = getattr(torch, info.get("dtype", "float32"))
+            self.image_processor = ImageProcessor(model_id, model_id, info["tokens_per_tile"],
+                                                  pixel_dtype=dtype)
+            # decoding and preprocessing images is CPU work that releases the GIL enough to
+            # run side by side
+            self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                 thread_name_prefix="seq2serve-images")
+        # no token covers more characters than this: a longer prompt is refused untokenized
+        self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
+        self.states: dict[str, _ReqState] = {}
+        # (user, image key) of images whose pixels the scheduler was sent: repeats of them go
+        # by reference, and the scheduler asks for the pixels again if it no longer has them
+        self.shipped: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.by_reference = bool(info.get("encoder_cache"))
+        self.control_waiters: dict[str, asyncio.Future] = {}
+        self.dead_reason: str | None = None
+        self.draining = False  # shutting down: running requests finish, new ones are refused
+        self.metrics = None  # a ServerMetrics when serving HTTP
+        self._started = False
+
+    async def start(self) -> None:
+        """Open the sockets and start the receive loop in the running event loop."""
+        if self._started:
+            return
+        self._started = True
+        ctx = zmq.asyncio.Context()
+        self.send_to_scheduler = socket(ctx, zmq.PUSH, self.ipc.scheduler_input, bind=False)
+        self.recv_from_detokenizer = socket(ctx, zmq.PULL, self.ipc.tokenizer_input, bind=True)
+        self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
+
+    # --- requests ----------------------------------------------------------------------------
+    def tokenize(self, obj: GenerateReqInput) -> tuple[bool, list[TokenizedRequest]]:
+        """Validate and tokenize; one TokenizedRequest per prompt and sample (n)."""
+        is_batch, items = obj.normalize()
+        inputs = sum(max(1, (item["sampling_params"] or {}).get("n") or 1) for item in items)
+        if inputs > self.limits.max_batch_inputs:
+            raise ValueError(f"{inputs} inputs (prompts times n) in one request, over this "
+                             f"server's limit of {self.limits.max_batch_inputs} "
+                             f"(max_batch_inputs)")
+        per_item = self._images([item["image_data"] for item in items])
+        reqs = []
+        group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
+        for item, images in zip(items, per_item):
+            sp = SamplingParams.from_dict(item["sampling_params"])
+            sp.validate(self.info["vocab_size"])
+            cap = self.limits.max_new_tokens
+            if cap is not None and "max_new_tokens" not in (item["sampling_params"] or {}):
+                sp.max_new_tokens = min(sp.max_new_tokens, cap)  # a default, not a request
+            self._check_limits(sp)
+            enc, dec = self._token_ids(item)
+            spans = None
+            if self.image_processor is not None:
+                spans = cross_spans(dec, self.info["image_token_id"],
+                                    [img.num_tokens for img in images])
+            self._check_lengths(enc, dec, sp, sum(img.num_tokens for img in images))
+            base_rid = item["rid"] or uuid.uuid4().hex
+            key = self._encoder_key(enc) if enc else None
+            for i in range(sp.n):
+                sample_sp = dataclasses.replace(sp, n=1, stop=list(sp.stop),
+                                                stop_token_ids=list(sp.stop_token_ids))
+                if sp.seed is not None:
+                    sample_sp.seed = sp.seed + i  # n samples with one seed must differ
+                reqs.append(TokenizedRequest(
+                    rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
+                    encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
+                    stream=obj.stream, return_logprob=obj.return_logprob,
+                    top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
+                    images=images, cross_spans=spans, user=obj.user, group=group,
+                ))
+        rids = [r.rid for r in reqs]
+        if len(set(rids)) != len(rids):
+            raise ValueError("rid must be unique among running requests")
+        return is_batch or len(reqs) > 1, reqs
+
+    def _images(self, per_prompt: list[list]) -> list[list[ImageFeatures]]:
+        """Every prompt's images, decoded and preprocessed concurrently (all prompts at once)."""
+        if not any(per_prompt):
+            return [[] for _ in per_prompt]
+        if self.image_processor is None:
+            raise ValueError("this model takes no images (image_data was given)")
+        for sources in per_prompt:
+            if len(sources) > self.limits.max_images:
+                raise ValueError(f"{len(sources)} images in one request, over the limit of "
+                                 f"{self.limits.max_images} (max_images_per_request)")
+
+        def one(i_src):
+            i, src = i_src
+            try:
+                ident, decode = read_image(src, self.media_policy)
+                return self.image_processor(ident, decode)
+            except ValueError as e:
+                raise ValueError(f"image {i}: {e}") from None
+
+        flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
+        try:
+            done = iter(list(self.image_pool.map(one, flat)))
+        finally:
+            # a 40-megapixel image passes through a few hundred MB of buffers in its thread;
+            # measured: 32 images of 6300x6300 on two threads left 1.2 GB resident, 0.5 after
+            release_freed_memory()
+        return [[next(done) for _ in sources] for sources in per_prompt]
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        problem = invalid_text(text, "text")
+        if problem:
+            raise ValueError(problem)
+        limit, name = self._prompt_token_limit()
+        if len(text) > limit * self.max_token_chars:
+            raise ValueError(f"the prompt is {len(text)} characters, more than {limit} tokens "
+                             f"of at most {self.max_token_chars} characters can hold ({name})")
+        if self.image_processor is None:
+            return self.tokenizer(text).input_ids
+        # exactly as HF's Mllama processor: unless the prompt has a BOS token already, one is
+        # inserted after any leading <|image|> tokens; then the tokenizer adds its own
+        image = self.tokenizer.convert_ids_to_tokens(self.info["image_token_id"])
+        bos = self.tokenizer.bos_token or ""
+        if bos and bos not in text:
+            leading = 0
+            while text.startswith(image):
+                text, leading = text[len(image):], leading + 1
+            text = image * leading + bos + text
+        return self.tokenizer(text).input_ids
+
+    def _prompt_token_limit(self) -> tuple[int, str]:
+        if self.limits.max_prompt_tokens is not None:
+            return self.limits.max_prompt_tokens, "max_prompt_tokens"
+        if self.is_encoder_decoder:
+            return self.info["max_encoder_len"], "max_encoder_len"
+        return self.info["context_length"], "context_length"
+
+    def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
+        vocab = self.info["vocab_size"]
+        if "text" in item:
+            ids = self._prompt_ids(item["text"])
+        else:
+            ids = item["input_ids"]
+            limit = self.info.get("input_vocab_size", vocab)  # Mllama: + <|image|>
+            bad = [t for t in ids if not 0 <= t < limit]
+            if bad:
+                raise ValueError(f"input_ids has token id {bad[0]} outside [0, {limit})")
+        if not self.is_encoder_decoder:
+            if item["decoder_input_ids"] is not None:
+                raise ValueError("decoder_input_ids is only for encoder-decoder models")
+            return [], ids
+        start = self.info["decoder_start_token_id"]
+        dec = list(item["decoder_input_ids"] or [])
+        bad = [t for t in dec if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"decoder_input_ids has token id {bad[0]} outside [0, {vocab})")
+        if not dec or dec[0] != start:
+            dec = [start] + dec
+        return ids, dec
+
+    def _check_limits(self, sp: SamplingParams) -> None:
+        lim = self.limits
+        if lim.max_new_tokens is not None and sp.max_new_tokens > lim.max_new_tokens:
+            raise ValueError(f"max_new_tokens (max_tokens) {sp.max_new_tokens} is over this "
+                             f"server's limit of {lim.max_new_tokens} (max_new_tokens_limit)")
+        if sp.n > lim.max_n:
+            raise ValueError(f"n {sp.n} is over this server's limit of {lim.max_n} (max_n)")
+
+    def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams,
+                       image_tokens: int = 0) -> None:
+        info = self.info
+        cap = self.limits.max_prompt_tokens
+        prompt = len(enc) if enc else len(dec)
+        if cap is not None and prompt > cap:
+            raise ValueError(f"the prompt is {prompt} tokens, over this server's limit of "
+                             f"{cap} (max_prompt_tokens)")
+        limit = min(info["max_encoder_len"], info["cross_capacity_tokens"])
+        if len(enc) > limit:
+            raise ValueError(f"the input is {len(enc)} tokens, longer than the limit of "
+                             f"{limit} (max_encoder_len / cross-KV pool)")
+        if image_tokens > limit:
+            raise ValueError(f"the images need {image_tokens} cross-attention tokens, over the "
+                             f"limit of {limit} (max_encoder_len / cross-KV pool)")
+        total = len(dec) + sp.max_new_tokens
+        limit = min(info["context_length"], info["kv_capacity_tokens"])
+        if total > limit:
+            what = "decoder prefix" if self.is_encoder_decoder else "prompt"
+            raise ValueError(f"the {what} ({len(dec)} tokens) plus max_new_tokens "
+                             f"({sp.max_new_tokens}) is {total}, over the limit of {limit}")
+
+    def _encoder_key(self, ids: list[int]) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.model_id.encode())
+        h.update(b"\0tokens\0")
+        h.update(",".join(map(str, ids)).encode())
+        return h.hexdigest()
+
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """Yield result dicts: for `stream`, one per new piece of any prompt (with "index");
+        otherwise one final dict per prompt/sample, in order. Cancelling aborts them."""
+        self._check_alive()
+        await self.start()
+        # tokenizing (and decoding images) is CPU work: off the event loop, so that a huge
+        # prompt does not stall other requests and /health
+        _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
+        if any(r.rid in self.states for r in reqs):
+            raise ValueError("rid must be unique among running requests")
+        states = [_ReqState(rid=r.rid, index=i, request=r) for i, r in enumerate(reqs)]
+        for s in states:
+            self.states[s.rid] = s
+        try:
+            for r in reqs:
+                self.send_to_scheduler.send_pyobj(self._on_the_wire(r))
+            if obj.stream:
+                async for chunk in self._stream(states, obj.return_logprob):
+                    yield chunk
+            else:
+                for s in states:
+                    yield await self._collect(s, obj.return_logprob)
+        finally:
+            for s in states:
+                if not s.finished and self.dead_reason is None:
+                    self.send_to_scheduler.send_pyobj(AbortRequest(s.rid))
+                self.states.pop(s.rid, None)
+
+    def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
+        """The request as sent: images whose pixels the scheduler already got go by reference
+        (a 4-tile image is ~8 MB of pixels to pickle and copy between processes)."""
+        if not r.images or not self.by_reference:
+            return r
+        images = []
+        for img in r.images:
+            key = (r.user or "", img.key)
+            if key in self.shipped:
+                self.shipped.move_to_end(key)
+                images.append(img.by_reference())
+            else:
+                self.shipped[key] = None
+                images.append(img)
+        while len(self.shipped) > _SHIPPED_MEMORY:
+            self.shipped.popitem(last=False)
+        return dataclasses.replace(r, images=images)
+
+    def _send_pixels(self, rid: str) -> None:
+        """The scheduler no longer has an image sent by reference: send it all again."""
+        s = self.states.get(rid)
+        if s is None or s.finished or s.request is None:
+            return  # the caller went away meanwhile
+        for img in s.request.images:
+            self.shipped[(s.request.user or "", img.key)] = None
+        self.send_to_scheduler.send_pyobj(s.request)
+
+    async def _next(self, s: _ReqState) -> TokenOutput:
+        out = await s.queue.get()
+        if isinstance(out, EngineDeadError):
+            raise out
+        if out.error is not None:
+            s.finished = True
+            raise ValueError(out.error)
+        s.text += out.text
+        s.output_ids += out.new_token_ids
+        if out.new_token_ids:
+            self._observe(s, out)
+        if out.new_logprobs:
+            s.logprobs += out.new_logprobs
+        if out.new_top_logprobs:
+            s.top_logprobs += out.new_top_logprobs
+        s.finished = out.finished_reason is not None
+        return out
+
+    def _observe(self, s: _ReqState, out: TokenOutput) -> None:
+        now = time.monotonic()
+        m = self.metrics
+        n = len(out.new_token_ids)
+        bulk = n > 1 and "decode_seconds" in out.extra  # a whole non-streamed answer at once
+        if s.first_token is None:
+            s.first_token = now
+            if bulk:  # when the first token really came: the scheduler timed the rest
+                s.first_token = now - out.extra["decode_seconds"]
+            if m is not None:
+                m.on_first_token(s.first_token - s.created)
+        if m is not None:
+            gap = out.extra["decode_seconds"] if bulk else now - (s.last_token or now)
+            m.on_tokens(n - 1 if bulk else n, gap)
+            if out.finished_reason is not None:
+                m.on_finish(out.prompt_tokens, now - s.created)
+        s.last_token = now
+
+    async def _collect(self, s: _ReqState, logprob: bool) -> dict[str, Any]:
+        while True:
+            out = await self._next(s)
+            if s.finished:
+                return {"text": s.text, "output_ids": list(s.output_ids),
+                        "meta_info": self._meta(s, out, logprob)}
+
+    async def _stream(self, states: list[_ReqState], logprob: bool):
+        pending = {asyncio.ensure_future(self._next(s)): s for s in states}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    s = pending.pop(fut)
+                    out = fut.result()
+                    chunk = {"index": s.index, "text": out.text,
+                             "output_ids": list(out.new_token_ids),
+                             "meta_info": self._meta(s, out, logprob)}
+                    if logprob:
+                        chunk["logprobs"] = out.new_logprobs or []
+                        chunk["top_logprobs"] = out.new_top_logprobs or []
+                    yield chunk
+                    if not s.finished:
+                        pending[asyncio.ensure_future(self._next(s))] = s
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    def _meta(self, s: _ReqState, out: TokenOutput, logprob: bool) -> dict[str, Any]:
+        meta = {
+            "id": s.rid,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "finish_reason": out.finished_reason,
+            "cached_tokens": out.cached_tokens,
+            "encoder_cache_hit": out.encoder_cache_hit,
+            "e2e_latency": time.monotonic() - s.created,
+        }
+        if s.first_token is not None:
+            meta["ttft"] = s.first_token - s.created
+        meta.update(out.extra)  # the scheduler's timings, at the end
+        if logprob and s.finished:
+            meta["output_token_logprobs"] = list(zip(s.logprobs, s.output_ids))
+            meta["output_top_logprobs"] = list(s.top_logprobs)
+        return meta
+
+    async def abort(self, rid: str) -> None:
+        await self.start()
+        self.send_to_scheduler.send_pyobj(AbortRequest(rid))
+
+    async def control(self, kind: str, timeout: float = 60.0) -> ControlReply:
+        self._check_alive()
+        await self.start()
+        tag = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self.control_waiters[tag] = fut
+        self.send_to_scheduler.send_pyobj(ControlRequest(kind, tag))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.control_waiters.pop(tag, None)
+
+    async def close(self) -> None:
+        if self._started:
+            self._loop_task.cancel()
+            self.send_to_scheduler.close()
+            self.recv_from_detokenizer.close()
+
+    # --- the receive loop --------------------------------------------------------------------
+    async def _handle_loop(self) -> None:
+        while True:
+            msg = await self.recv_from_detokenizer.recv_pyobj()
+            if isinstance(msg, BatchTokenOutput):
+                for out in msg.outputs:
+                    if out.need_pixels:
+                        self._send_pixels(out.rid)
+                        continue
+                    s = self.states.get(out.rid)
+                    if s is not None:
+                        s.queue.put_nowait(out)
+            elif isinstance(msg, ControlReply):
+                fut = self.control_waiters.get(msg.tag)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+
+    def mark_dead(self, reason: str) -> None:
+        """Called when a child process died: fail every waiting caller now."""
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        for s in self.states.values():
+            s.queue.put_nowait(EngineDeadError(reason))
+        for fut in self.control_waiters.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(reason))
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        if self.draining:
+            raise EngineDeadError("the server is shutting down")

@@ -1,0 +1,177 @@
+"""y = x @ W.T (+ b) for a handful of rows: the decode GEMMs of a small batch, with the small
+op before each folded into its prologue.
+
+At batch 1 a decode step is a chain of matrix-vector products whose cost is reading the
+weights once; cuBLAS's small-M kernels reach well under the card's copy bandwidth on these
+shapes (docs/benchmarks.md). Here each program streams BLOCK_N weight rows over K in
+BLOCK_K chunks, multiplies them with every row of x (M <= MAX_M, padded to a power of two)
+in float32 and writes BLOCK_N outputs per row: no tensor cores, no split-K, just enough
+programs to keep the memory system busy. The block shape is autotuned per (N, K, M) on CUDA
+(the first call of each shape runs outside CUDA-graph capture: the graph runner warms every
+bucket up first); `F.linear` remains the reference and the CPU path.
+
+What comes before a decoder GEMM is an RMS norm (with the previous sublayer's residual add)
+or a gated activation: each is a tiny kernel whose launch costs as much as the GEMV's own
+work at batch 1, so the GEMV does it itself (`norm_gemv`, `gated_gemv`). Every program
+recomputes it (x is a few KB, read from L2), in the same pass over K as the products: the
+norm's weight multiplies x at once and each row's 1/rms, known at the end, scales its sums
+(float32 throughout, where `RMSNorm` rounds x / rms to the model's dtype first); program 0
+also writes the new residual stream. The gated activation rounds as
+`triton_ops.gated_activation` does. With PDL (runtime/kernels/pdl.py) the first weight chunk is
+loaded before waiting for the kernel before.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from seq2serve.runtime.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_launch
+from seq2serve.runtime.kernels.triton_ops import FUSED_ACTIVATIONS, activation
+
+MAX_M = 4  # rows of x this kernel takes (Linear sends it only 1: see models/linear.py)
+_PLAIN, _NORM, _GATED = 0, 1, 2  # prologues
+
+
+@triton.jit
+def _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES: tl.constexpr):
+    """x[row, kk] (+ res[row, kk], rounded to x's dtype as torch's add would be), float32."""
+    v = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0)
+    if HAS_RES:
+        r = tl.load(res + row * stride_xm + kk, mask=k_ok, other=0.0)
+        v = (v.to(tl.float32) + r.to(tl.float32)).to(x.dtype.element_ty)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _chunk(acc, squares, wt, kk, k_ok, rk, rm, pid, x, res, res_out, norm_w, M, K, stride_xm,
+           PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+           M_PAD: tl.constexpr):
+    """Add one K chunk's products to acc [M_PAD, BLOCK_N] (and, for the norm, each row's sum
+    of squares to squares [M_PAD])."""
+    wt = wt.to(tl.float32)
+    if PROLOGUE == 1:
+        nw = tl.load(norm_w + kk, mask=k_ok, other=0.0).to(tl.float32)
+    for m in tl.static_range(M_PAD):
+        row = tl.minimum(m, M - 1)  # padding rows repeat the last one; never stored
+        if PROLOGUE == 1:  # weight * x now, the row's 1/rms once it is known (at the end)
+            v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
+            if HAS_RES:  # program 0 writes the summed rows (conditions as vectors: the
+                # interpreter wants them so)
+                first = ((rk * 0 + pid) == 0) & ((rk * 0 + row) == m)
+                tl.store(res_out + row * stride_xm + kk, v.to(res_out.dtype.element_ty),
+                         mask=k_ok & first)
+            squares += tl.where(rm == m, tl.sum(v * v, 0), 0.0)
+            xm = v * nw
+        elif PROLOGUE == 2:  # act(gate) * up, x = [gate | up] of 2K columns
+            g = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+            u = tl.load(x + row * stride_xm + K + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xm = (activation(g, ACT) * u).to(x.dtype.element_ty).to(tl.float32)
+        else:
+            xm = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+        part = tl.sum(wt * xm[None, :], axis=1)  # [BLOCK_N]
+        acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+    return acc, squares
+
+
+@triton.jit
+def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_wn, stride_om,
+                 eps, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+                 ACT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rm = tl.arange(0, M_PAD)
+    n_ok = rn < N
+    w_rows = w + rn[:, None] * stride_wn
+    # the first weight chunk: weights are never written, so this may overlap the kernel before
+    wt = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < K)[None, :], other=0.0)
+    if PDL:
+        gdc_wait()  # x (and everything we write) belongs to the kernels before us
+    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    squares = tl.zeros((M_PAD,), dtype=tl.float32)
+    acc, squares = _chunk(acc, squares, wt, rk, rk < K, rk, rm, pid, x, res, res_out, norm_w,
+                          M, K, stride_xm, PROLOGUE, HAS_RES, ACT, M_PAD)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        kk = k0 + rk
+        k_ok = kk < K
+        wt = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc, squares = _chunk(acc, squares, wt, kk, k_ok, rk, rm, pid, x, res, res_out, norm_w,
+                              M, K, stride_xm, PROLOGUE, HAS_RES, ACT, M_PAD)
+    if PROLOGUE == 1:
+        acc = acc * tl.rsqrt(squares / K + eps)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out + rm[:, None] * stride_om + rn[None, :], acc.to(out.dtype.element_ty),
+             mask=(rm[:, None] < M) & n_ok[None, :])
+
+
+_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw)
+            for bn, bk, nw in [(2, 1024, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4),
+                               (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
+                               (32, 256, 8)]]
+_gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE"])(_gemv_kernel)
+
+
+def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | None,
+            prologue: int, block_n: int | None, block_k: int | None, *,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            residual: torch.Tensor | None = None, act: str = "silu"):
+    m = x.shape[0]
+    n = weight.shape[0]
+    if m > MAX_M or x.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1:
+        raise ValueError(f"gemv takes x [<= {MAX_M}, K] and a row-major weight [N, K]; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    x = x.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    res_out = None
+    if residual is not None:
+        residual = residual.contiguous()
+        res_out = torch.empty_like(x)
+    unused = weight  # any tensor, for pointers a variant does not read
+    args = (x, weight, unused if bias is None else bias, out,
+            unused if norm_weight is None else norm_weight,
+            unused if residual is None else residual, unused if res_out is None else res_out,
+            m, n, k, x.stride(0), weight.stride(0), out.stride(0), eps)
+    meta = dict(HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
+                ACT=FUSED_ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m), PDL=pdl_enabled(),
+                **pdl_launch())
+    if block_n is None:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        _gemv_tuned[grid](*args, **meta)
+    else:
+        _gemv_kernel[(triton.cdiv(n, block_n),)](*args, **meta, BLOCK_N=block_n,
+                                                 BLOCK_K=block_k)
+    return out, res_out
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         block_n: int | None = None, block_k: int | None = None) -> torch.Tensor:
+    """x [M, K] (M <= MAX_M) times weight [N, K] transposed, plus bias [N]. Block sizes are
+    autotuned unless given (the CPU tests give them: the interpreter cannot time anything)."""
+    return _launch(x, x.shape[-1], weight, bias, _PLAIN, block_n, block_k)[0]
+
+
+def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+              bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
+              block_n: int | None = None, block_k: int | None = None):
+    """(RMSNorm(x + residual) @ weight.T + bias, x + residual): `RMSNorm(...)(x, residual)`
+    and the GEMV in one kernel. Without `residual`, the second item is x itself."""
+    out, summed = _launch(x, x.shape[-1], weight, bias, _NORM, block_n, block_k,
+                          norm_weight=norm_weight, eps=eps, residual=residual)
+    return out, (x if summed is None else summed)
+
+
+def gated_gemv(gate_up: torch.Tensor, act: str, weight: torch.Tensor,
+               bias: torch.Tensor | None = None, *, block_n: int | None = None,
+               block_k: int | None = None) -> torch.Tensor:
+    """(act(gate) * up) @ weight.T + bias for gate_up = [gate | up]: `gated_activation` and
+    the GEMV in one kernel."""
+    if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
+        raise ValueError(f"gated_gemv takes [gate | up] rows; got {tuple(gate_up.shape)}")
+    return _launch(gate_up, gate_up.shape[-1] // 2, weight, bias, _GATED, block_n, block_k,
+                   act=act)[0]

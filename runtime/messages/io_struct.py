@@ -1,0 +1,80 @@
+"""Messages between the tokenizer manager, the scheduler and the detokenizer (pickled over ZMQ)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from seq2serve.encoders.encoder_input import ImageFeatures
+from seq2serve.runtime.config.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenizedRequest:
+    """A validated, tokenized request on its way to the scheduler."""
+
+    rid: str
+    encoder_input_ids: list[int]
+    decoder_input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    encoder_key: str | None = None
+    images: list[ImageFeatures] = field(default_factory=list)  # for a vision encoder
+    # which cross K/V each decoder position reads (see encoders.encoder_input.cross_spans);
+    # None: every position reads all of them
+    cross_spans: list[tuple[int, int, int]] | None = None
+    user: str | None = None  # the caller's user id (cache isolation)
+    group: str | None = None  # requests of one call (a batch, n samples) share it: fairness
+
+
+@dataclass
+class AbortRequest:
+    rid: str
+
+
+@dataclass
+class ControlRequest:
+    """A request to the scheduler that gets one ControlReply with the same `tag`."""
+
+    kind: str  # "flush_cache" | "check_integrity" | "stats"
+    tag: str
+
+
+@dataclass
+class ControlReply:
+    kind: str
+    tag: str
+    ok: bool
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenOutput:
+    """New tokens of one request from one scheduler step; `text` is filled by the detokenizer."""
+
+    rid: str
+    new_token_ids: list[int]
+    finished_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    encoder_cache_hit: bool = False
+    new_logprobs: list[float] | None = None
+    new_top_logprobs: list[list[tuple[int, float]]] | None = None
+    error: str | None = None  # set when the scheduler refused the request (bad input)
+    # set when an image sent by reference is no longer cached: the scheduler dropped the
+    # request and the tokenizer manager sends it again with every image's pixels
+    need_pixels: bool = False
+    # what the detokenizer needs to know about the request
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # scheduler timings, when finished
+    # set by the detokenizer
+    text: str = ""
+
+
+@dataclass
+class BatchTokenOutput:
+    outputs: list[TokenOutput]

@@ -1,0 +1,119 @@
+"""One request's whole state: its encoder part and its decoder part."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from seq2serve.runtime.config.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from seq2serve.encoders.encoder_cache import EncoderCacheEntry
+    from seq2serve.encoders.encoder_input import EncoderSegment, ImageFeatures
+    from seq2serve.runtime.scheduler.radix_cache import RadixNode
+
+
+@dataclass
+class FinishReason:
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None  # the stop token id or stop string that ended it
+    message: str | None = None  # why an abort happened
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type}
+        if self.matched is not None:
+            d["matched"] = self.matched
+        if self.message is not None:
+            d["message"] = self.message
+        return d
+
+
+@dataclass(eq=False)
+class Req:
+    # --- set by the tokenizer manager ---
+    rid: str
+    encoder_input_ids: list[int]  # the encoder's input; [] for decoder-only models
+    decoder_input_ids: list[int]  # the decoder prompt (T5: start token + any forced prefix)
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    encoder_key: str | None = None  # identifies the encoder input (for the encoder cache)
+    images: list[ImageFeatures] = field(default_factory=list)  # a vision encoder's input
+    cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
+    user: str | None = None  # the caller's user id (cache isolation)
+
+    # --- set by the scheduler: encoder part ---
+    segments: list[EncoderSegment] = field(default_factory=list)
+    namespace: tuple = ()  # cache namespace: user (if isolated) + encoder keys
+    cross_entries: list[EncoderCacheEntry] = field(default_factory=list)  # refs held
+    encoder_cache_hit: bool = False  # no encoder pass ran for this request
+    # --- set by the scheduler: decoder part ---
+    req_pool_idx: int | None = None  # row in the ReqToTokenPool
+    kv_pages: list[int] = field(default_factory=list)  # TokenToKVPool pages, in order
+    prefix_pages: int = 0  # leading kv_pages owned by the radix cache (locked)
+    prefix_node: RadixNode | None = None  # the locked radix node
+    cached_tokens: int = 0  # decoder tokens whose K/V came from the radix cache
+    kv_len: int = 0  # decoder positions whose K/V are (being) computed; slots cover exactly these
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finished_reason: FinishReason | None = None
+    num_retractions: int = 0
+    fair_tag: int = 0  # admission order across callers (Scheduler._enqueue)
+    # --- timing (set by the scheduler) ---
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    def __post_init__(self) -> None:
+        sp = self.sampling_params
+        # fixed for the request's life; the scheduler checks them every step
+        self.penalized = sp.has_penalties
+        self.plain_greedy = sp.is_greedy and not self.penalized and not self.return_logprob
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every decoder token: the prompt followed by what has been generated."""
+        return self.decoder_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.decoder_input_ids) + len(self.output_ids)
+
+    @property
+    def encoder_len(self) -> int:
+        """Cross K/V length: encoder tokens, or the real tiles' tokens of every image."""
+        return len(self.encoder_input_ids) + sum(i.num_tokens for i in self.images)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def cross_ready(self) -> bool:
+        """Every segment's cross K/V are written (or there are none)."""
+        return all(e.ready for e in self.cross_entries)
+
+    def check_finished(self, eos_ids: tuple[int, ...], tail_text) -> None:
+        """Set finished_reason after a token was appended. `tail_text(ids)` decodes ids."""
+        sp = self.sampling_params
+        token = self.output_ids[-1]
+        if len(self.output_ids) >= sp.min_new_tokens:
+            if token in sp.stop_token_ids:
+                self.finished_reason = FinishReason("stop", matched=token)
+                return
+            if not sp.ignore_eos and token in eos_ids:
+                self.finished_reason = FinishReason("stop", matched=token)
+                return
+            if sp.stop:
+                longest = max(len(s) for s in sp.stop)
+                # enough tokens to cover the string even when tokens are partial characters
+                text = tail_text(self.output_ids[-(longest + 8):])
+                for s in sp.stop:
+                    if s in text:
+                        self.finished_reason = FinishReason("stop", matched=s)
+                        return
+        if len(self.output_ids) >= sp.max_new_tokens:
+            self.finished_reason = FinishReason("length")

@@ -1,0 +1,210 @@
+"""The one place that allocates and frees a request's memory in every pool and cache."""
+
+from __future__ import annotations
+
+import torch
+
+from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
+from seq2serve.encoders.encoder_cache import EncoderCache, EncoderCacheEntry, EncoderJob, EncodeWork
+from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
+from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+from seq2serve.runtime.scheduler.radix_cache import RadixCache
+from seq2serve.runtime.scheduler.req import Req
+
+
+class PixelsNeeded(Exception):
+    """An image sent by reference (no pixels) is not in the encoder cache any more."""
+
+
+class RequestMemory:
+    """Ownership contract: from `admit` until `release`/`finish`, a request owns its table row
+    (`req_pool_idx`) and the pages `kv_pages[prefix_pages:]`; its first `prefix_pages` pages
+    belong to the radix cache, which keeps them while the request holds its `prefix_node`
+    lock. Its cross K/V belong to the encoder cache; the request holds a reference to each
+    entry in `cross_entries`. Only this class touches the allocators and caches, so `check`
+    can account for every slot: free + cached + owned by live requests = total.
+    """
+
+    def __init__(self, req_to_token: ReqToTokenPool, token_to_kv: TokenToKVPool,
+                 cross_kv: CrossKVPool | None, encoder_cache: EncoderCache | None,
+                 radix: RadixCache) -> None:
+        self.req_to_token = req_to_token
+        self.token_to_kv = token_to_kv
+        self.cross_kv = cross_kv
+        self.encoder_cache = encoder_cache
+        self.radix = radix
+        self.page_size = token_to_kv.page_size
+
+    # --- sizes -------------------------------------------------------------------------------
+    def pages_to_grow(self, req: Req, new_len: int) -> int:
+        return max(0, self.token_to_kv.pages_for(new_len) - len(req.kv_pages))
+
+    def fits_alone(self, encoder_len: int, max_decoder_len: int) -> str | None:
+        """Why a request of these sizes could never run, even alone; None if it can."""
+        if max_decoder_len > self.req_to_token.max_context_len:
+            return (f"decoder length {max_decoder_len} exceeds the context length "
+                    f"{self.req_to_token.max_context_len}")
+        if max_decoder_len > self.token_to_kv.capacity_tokens:
+            return (f"decoder length {max_decoder_len} exceeds the KV pool "
+                    f"({self.token_to_kv.capacity_tokens} tokens)")
+        if encoder_len:
+            if encoder_len > self.req_to_token.max_encoder_len:
+                return (f"encoder input of {encoder_len} tokens exceeds max_encoder_len "
+                        f"{self.req_to_token.max_encoder_len}")
+            if self.cross_kv is None or encoder_len > self.cross_kv.capacity_tokens:
+                cap = 0 if self.cross_kv is None else self.cross_kv.capacity_tokens
+                return f"encoder input of {encoder_len} tokens exceeds the cross-KV pool ({cap})"
+        return None
+
+    def make_room(self, pages: int) -> bool:
+        """Evict cached prefixes until `pages` decoder KV pages are free."""
+        free = self.token_to_kv.allocator.num_free
+        if free < pages:
+            self.radix.evict(pages - free)
+        return self.token_to_kv.allocator.num_free >= pages
+
+    # --- admission ---------------------------------------------------------------------------
+    def admit(self, req: Req, reserve_pages: int = 0) -> list[EncoderJob] | None:
+        """Give `req` a table row, its cross K/V (from the encoder cache where it can) and
+        decoder pages for its whole current sequence (reusing a cached prefix where it can),
+        keeping `reserve_pages` free for others. Returns the encoder work still to do, or
+        None with nothing held when memory is short; raises PixelsNeeded (nothing held) when
+        an image sent by reference is no longer cached."""
+        if self.req_to_token.num_free == 0:
+            return None
+        jobs: list[EncoderJob] = []
+        fresh = not req.cross_entries  # a retracted request keeps its cross K/V
+        if fresh and req.segments:
+            jobs = self._acquire_cross(req)
+            if jobs is None:
+                return None
+        # the decoder prefix: at least the last token is computed, for its logits
+        pages, node = self.radix.match_prefix(req.namespace, req.fill_ids[: req.seq_len - 1])
+        self.radix.lock(node)
+        need = self.token_to_kv.pages_for(req.seq_len) - len(pages)
+        if not self.make_room(need + reserve_pages):
+            self.radix.unlock(node)
+            if fresh:
+                self._release_cross(req)
+            return None
+        req.req_pool_idx = self.req_to_token.alloc()
+        req.prefix_node, req.prefix_pages = node, len(pages)
+        req.kv_pages = pages + self.token_to_kv.allocator.alloc(need)
+        req.kv_len = req.cached_tokens = len(pages) * self.page_size
+        if req.kv_len:  # the prefix's slots, for attention
+            row = self.req_to_token.req_to_token[req.req_pool_idx]
+            row[: req.kv_len] = self.token_to_kv.slots(pages, 0, req.kv_len).to(row.device)
+        if req.cross_entries:
+            loc = torch.cat([e.handle.loc for e in req.cross_entries])
+            row = self.req_to_token.req_to_cross[req.req_pool_idx]
+            row[: loc.numel()] = loc.to(row.device)
+        if fresh:
+            req.encoder_cache_hit = bool(req.segments) and all(
+                j.work is not EncodeWork.ENCODE for j in jobs)
+        return jobs
+
+    def _acquire_cross(self, req: Req) -> list[EncoderJob] | None:
+        """Raises PixelsNeeded (nothing held) if an image sent without pixels must be encoded."""
+        cache, ns, segs = self.encoder_cache, req.namespace[0], req.segments
+        # cached inputs first: making room for a new one evicts unused entries, which must
+        # not be the ones this request is about to use
+        order = sorted(range(len(segs)), key=lambda i: (ns, segs[i].key) not in cache.entries)
+        got: dict[int, tuple[EncoderCacheEntry, EncodeWork]] = {}
+        for i in order:
+            acquired = cache.acquire((ns, segs[i].key), segs[i].length)
+            if acquired is None:
+                break
+            got[i] = acquired
+        req.cross_entries = [got[i][0] for i in sorted(got)]
+        if len(got) < len(segs):
+            self._release_cross(req)
+            return None
+        if any(got[i][1] is EncodeWork.ENCODE and seg.image is not None
+               and seg.image.pixel_values is None for i, seg in enumerate(segs)):
+            self._release_cross(req)
+            raise PixelsNeeded(req.rid)
+        return [EncoderJob(entry, work, seg) for seg, (entry, work) in
+                ((segs[i], got[i]) for i in range(len(segs))) if work is not EncodeWork.NONE]
+
+    def _release_cross(self, req: Req) -> None:
+        for e in req.cross_entries:
+            self.encoder_cache.release(e)
+        req.cross_entries = []
+
+    # --- growing -----------------------------------------------------------------------------
+    def alloc_tokens(self, req: Req, new_len: int) -> torch.Tensor | None:
+        """Slots for decoder positions [req.kv_len, new_len) (CPU int32), growing the request's
+        pages as needed; None (and nothing allocated) when the pool is short."""
+        grow = self.pages_to_grow(req, new_len)
+        if grow:
+            pages = self.token_to_kv.allocator.alloc(grow)
+            if pages is None:
+                return None
+            req.kv_pages.extend(pages)
+        slots = self.token_to_kv.slots(req.kv_pages, req.kv_len, new_len)
+        req.kv_len = new_len
+        return slots
+
+    def alloc_one(self, req: Req) -> int | None:
+        """The slot of the request's next decoder position (decode fast path); None when a
+        new page is needed and the pool has none."""
+        pos, ps = req.kv_len, self.page_size
+        if pos == len(req.kv_pages) * ps:
+            pages = self.token_to_kv.allocator.alloc(1)
+            if pages is None:
+                return None
+            req.kv_pages.append(pages[0])
+        req.kv_len = pos + 1
+        return req.kv_pages[pos // ps] * ps + pos % ps
+
+    # --- releasing ---------------------------------------------------------------------------
+    def finish(self, req: Req) -> None:
+        """A finished request: offer its computed decoder K/V to the radix cache, then release."""
+        if req.req_pool_idx is None:
+            return self.release(req)
+        full = req.kv_len // self.page_size  # only whole pages are shared
+        tokens = req.fill_ids[: full * self.page_size]
+        duplicates = self.radix.insert(req.namespace, tokens, req.kv_pages[:full])
+        self.token_to_kv.allocator.free(duplicates + req.kv_pages[full:])
+        req.kv_pages = []
+        self.release(req)
+
+    def release(self, req: Req, keep_cross: bool = False) -> None:
+        """Free what the request owns (keeping its cross K/V references if `keep_cross`)."""
+        if len(req.kv_pages) > req.prefix_pages:
+            self.token_to_kv.allocator.free(req.kv_pages[req.prefix_pages:])
+        req.kv_pages, req.prefix_pages, req.kv_len = [], 0, 0
+        if req.prefix_node is not None:
+            self.radix.unlock(req.prefix_node)
+            req.prefix_node = None
+        if req.req_pool_idx is not None:
+            self.req_to_token.free(req.req_pool_idx)
+            req.req_pool_idx = None
+        if not keep_cross:
+            self._release_cross(req)
+
+    # --- integrity ---------------------------------------------------------------------------
+    def check(self, live: list[Req]) -> None:
+        """Raise AssertionError unless free + cached + owned by `live` = total, in every pool."""
+        self.req_to_token.check([r.req_pool_idx for r in live if r.req_pool_idx is not None])
+        owned = [p for r in live for p in r.kv_pages[r.prefix_pages:]]
+        self.token_to_kv.allocator.check(owned + self.radix.owned_pages())
+        if self.cross_kv is not None:
+            self.cross_kv.allocator.check(self.encoder_cache.owned_pages())
+            refs: dict[int, int] = {}
+            for r in live:
+                for e in r.cross_entries:
+                    refs[id(e)] = refs.get(id(e), 0) + 1
+            for e in self.encoder_cache.entries.values():
+                if e.refs != refs.get(id(e), 0):
+                    raise AssertionError(f"encoder cache entry {e.key[1][:8]} has {e.refs} "
+                                         f"references but {refs.get(id(e), 0)} live holders")
+
+    def usage(self) -> dict[str, float]:
+        out = {"kv_used_tokens": self.token_to_kv.allocator.num_used * self.page_size,
+               "kv_total_tokens": self.token_to_kv.capacity_tokens, **self.radix.stats()}
+        if self.cross_kv is not None:
+            out["cross_used_tokens"] = self.cross_kv.allocator.num_used * self.cross_kv.page_size
+            out["cross_total_tokens"] = self.cross_kv.capacity_tokens
+            out.update(self.encoder_cache.stats())
+        return out

@@ -1,0 +1,112 @@
+"""ScheduleBatch: the scheduler's CPU-side view of one forward over many requests.
+
+It knows the pools (through RequestMemory), never the model. Building one assigns KV slots to
+the tokens it will compute and lays the batch out for the worker (ModelWorkerBatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from seq2serve.encoders.encoder_input import span_at
+from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
+from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.request_memory import RequestMemory
+
+
+@dataclass
+class ScheduleBatch:
+    forward_mode: ForwardMode
+    reqs: list[Req]
+    worker_batch: ModelWorkerBatch
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    @classmethod
+    def extend_or_decode(cls, mode: ForwardMode, reqs: list[Req], memory: RequestMemory,
+                         sampling: SamplingBatch | None) -> ScheduleBatch:
+        """Compute every decoder token of `reqs` not yet in the KV pool (one per request when
+        decoding). The caller has made sure the pool has room (admission / retraction)."""
+        ids, positions, locs, extend_lens, new = [], [], [], [], []
+        for r in reqs:
+            start, end = r.kv_len, r.seq_len
+            new.append((start, end))
+            slots = memory.alloc_tokens(r, end)
+            assert slots is not None, "scheduler admitted a request the KV pool cannot hold"
+            ids.extend(r.fill_ids[start:end])
+            positions.append(torch.arange(start, end))
+            locs.append(slots)
+            extend_lens.append(end - start)
+        if mode is ForwardMode.DECODE:
+            assert all(n == 1 for n in extend_lens)
+        kv_start = kv_end = None
+        if any(r.cross_spans is not None for r in reqs):
+            kv_start, kv_end = _cross_ranges(reqs, new)
+        wb = ModelWorkerBatch(
+            forward_mode=mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.cat(positions),
+            out_cache_loc=torch.cat(locs),
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            seq_lens=[r.seq_len for r in reqs],
+            extend_lens=extend_lens,
+            encoder_lens=[r.encoder_len for r in reqs],
+            sampling=sampling,
+            cross_kv_start=kv_start,
+            cross_kv_end=kv_end,
+        )
+        return cls(mode, reqs, wb)
+
+
+def decode_batch(reqs: list[Req], memory: RequestMemory,
+                 sampling: SamplingBatch | None) -> ScheduleBatch:
+    """One new token for every request: the per-step fast path (plain lists, one slot each).
+    The caller has made sure the pool has a page for every request that needs one."""
+    ids, positions, locs = [], [], []
+    ranged = any(r.cross_spans is not None for r in reqs)
+    starts, ends = [], []
+    for r in reqs:
+        pos = r.kv_len
+        loc = memory.alloc_one(r)
+        assert loc is not None, "scheduler decoded a request the KV pool cannot hold"
+        ids.append(r.output_ids[-1] if r.output_ids else r.decoder_input_ids[-1])
+        positions.append(pos)
+        locs.append(loc)
+        if ranged:
+            s, e = span_at(r.cross_spans, pos) if r.cross_spans is not None else (
+                0, r.encoder_len)
+            starts.append(s)
+            ends.append(e)
+    wb = ModelWorkerBatch(
+        forward_mode=ForwardMode.DECODE,
+        input_ids=torch.tensor(ids, dtype=torch.int64),
+        positions=torch.tensor(positions, dtype=torch.int64),
+        out_cache_loc=torch.tensor(locs, dtype=torch.int64),
+        req_pool_indices=[r.req_pool_idx for r in reqs],
+        seq_lens=[r.kv_len for r in reqs],
+        extend_lens=[1] * len(reqs),
+        encoder_lens=[r.encoder_len for r in reqs],
+        sampling=sampling,
+        cross_kv_start=torch.tensor(starts, dtype=torch.int32) if ranged else None,
+        cross_kv_end=torch.tensor(ends, dtype=torch.int32) if ranged else None,
+    )
+    return ScheduleBatch(ForwardMode.DECODE, reqs, wb)
+
+
+def _cross_ranges(reqs: list[Req], spans_of: list[tuple[int, int]]) -> tuple[torch.Tensor,
+                                                                          torch.Tensor]:
+    """Each new token's readable cross K/V range [start, end); `spans_of` gives each request's
+    new decoder positions [first, end)."""
+    starts, ends = [], []
+    for r, (first, last) in zip(reqs, spans_of):
+        for p in range(first, last):
+            s, e = span_at(r.cross_spans, p) if r.cross_spans is not None else (0, r.encoder_len)
+            starts.append(s)
+            ends.append(e)
+    return torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)

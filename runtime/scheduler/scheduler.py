@@ -1,0 +1,416 @@
+"""The Scheduler: a waiting queue and a running batch, continuous batching.
+
+Each `step()` either admits waiting requests (encoder stage for those that need it, then one
+EXTEND batch of their decoder prompts) or runs one DECODE step for every running request.
+Requests that arrive while others decode join at the next step; finished ones leave and free
+their memory at once. When the KV pool cannot hold the next decode step, the requests with the
+least progress are retracted (memory freed, cross K/V kept) and resumed later by recomputing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
+from seq2serve.encoders.encoder_cache import EncoderCache
+from seq2serve.encoders.encoder_input import EncoderSegment
+from seq2serve.encoders.encoder_stage import EncoderStage
+from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.config.model_config import ModelConfig
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+from seq2serve.runtime.executor.worker import GenerationResult, ModelWorker, PendingResult
+from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
+from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
+from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+from seq2serve.runtime.messages.io_struct import TokenizedRequest, TokenOutput
+from seq2serve.runtime.scheduler.radix_cache import RadixCache
+from seq2serve.runtime.scheduler.req import FinishReason, Req
+from seq2serve.runtime.scheduler.request_memory import PixelsNeeded, RequestMemory
+from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
+
+logger = logging.getLogger(__name__)
+
+
+def _plain_greedy(r: Req, pending: int = 0) -> bool:
+    """The argmax alone decides this request's next token."""
+    return r.plain_greedy and len(r.output_ids) + pending >= r.sampling_params.min_new_tokens
+
+
+@dataclass
+class _InFlight:
+    """A batch launched on the device whose sampled tokens the host has not processed yet."""
+
+    batch: ScheduleBatch
+    pending: PendingResult
+
+
+class Executor(Protocol):
+    """What the scheduler needs of whatever runs its batches (`ModelWorker`; tests use a fake
+    that needs no model): the pools to allocate from and two calls."""
+
+    device: str
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: TokenToKVPool
+    cross_kv_pool: CrossKVPool | None
+
+    def launch(self, wb: ModelWorkerBatch) -> PendingResult:
+        """Start an EXTEND or DECODE forward; returns before the device is done."""
+
+    def forward_encode(self, wb: ModelWorkerBatch) -> torch.Tensor | None:
+        """Write the cross K/V of an ENCODE batch; returns the new encoder outputs, packed."""
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, model_config: ModelConfig, tokenizer=None,
+                 executor: Executor | None = None) -> None:
+        self.args = args
+        self.model_config = model_config
+        self.tokenizer = tokenizer  # decodes output tails for stop strings
+        self.worker = executor if executor is not None else ModelWorker(args, model_config)
+        w = self.worker
+        self.device = w.device
+        self.encoder_cache = None
+        if w.cross_kv_pool is not None:
+            self.encoder_cache = EncoderCache(w.cross_kv_pool,
+                                              enabled=not args.disable_encoder_cache,
+                                              hidden_budget_bytes=args.encoder_hidden_cache_mb << 20)
+        self.radix = RadixCache(w.token_to_kv_pool.allocator, args.page_size,
+                                enabled=not args.disable_radix_cache)
+        self.memory = RequestMemory(w.req_to_token_pool, w.token_to_kv_pool,
+                                    w.cross_kv_pool, self.encoder_cache, self.radix)
+        self.encoder_stage = EncoderStage(self.worker, self.encoder_cache,
+                                          args.max_encoder_batch_tokens)
+        eos = set(model_config.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_ids = tuple(sorted(eos))
+        self.waiting: deque[Req] = deque()
+        self.group_tags: dict[str, int] = {}  # each caller's last fair_tag (see _enqueue)
+        self.admitted_tag = 0  # fair_tag of the last request admitted
+        self.running: list[Req] = []
+        # per forward mode: how many forwards and the largest batch (counters, not a log: a
+        # server runs millions of forwards)
+        self.forwards: Counter[str] = Counter()
+        self.max_batch: dict[str, int] = {}
+        self.num_retractions = 0
+        self.overlap = not args.disable_overlap_schedule
+        self.wait_seconds = 0.0
+        self.in_flight: _InFlight | None = None
+        self.notices: list[TokenOutput] = []  # requests sent back for their images' pixels
+        self.num_pixel_requests = 0
+
+    # --- requests in -------------------------------------------------------------------------
+    def add_request(self, tr: TokenizedRequest) -> None:
+        """Queue a request; ValueError (naming the problem) if it can never run."""
+        arch = self.model_config.arch
+        sp = tr.sampling_params
+        sp.validate(arch.vocab_size)
+        if self.find(tr.rid) is not None:
+            raise ValueError(f"request id {tr.rid!r} is already in use")
+        if arch.is_encoder_decoder and not tr.encoder_input_ids:
+            raise ValueError("the encoder input is empty")
+        if not tr.decoder_input_ids:
+            raise ValueError("the decoder input is empty")
+        vocab = getattr(arch, "input_vocab_size", arch.vocab_size)
+        for name, ids in (("input_ids", tr.encoder_input_ids),
+                          ("decoder_input_ids", tr.decoder_input_ids)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{name} has token id {bad[0]} outside [0, {vocab})")
+        if sp.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model directory has none")
+        if tr.images and not arch.num_cross_attn_layers:
+            raise ValueError("this model takes no images")
+        encoder_len = len(tr.encoder_input_ids) + sum(i.num_tokens for i in tr.images)
+        why = self.memory.fits_alone(encoder_len, len(tr.decoder_input_ids) + sp.max_new_tokens)
+        if why:
+            raise ValueError(f"request too long: {why}")
+        req = Req(
+            rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
+            decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
+            stream=tr.stream, return_logprob=tr.return_logprob,
+            top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
+            images=list(tr.images), cross_spans=tr.cross_spans, user=tr.user,
+        )
+        if req.encoder_input_ids:
+            key = tr.encoder_key or "tokens:" + ",".join(map(str, req.encoder_input_ids))
+            req.segments.append(EncoderSegment(key, req.encoder_len, token_ids=req.encoder_input_ids))
+        req.segments += [EncoderSegment(img.key, img.num_tokens, image=img) for img in req.images]
+        # every cached entry lives in a namespace: the user's (when isolated), and for decoder
+        # prefixes, the encoder inputs they were computed under
+        user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
+        req.namespace = (user_ns, *(seg.key for seg in req.segments))
+        self._enqueue(req, tr.group or tr.rid)
+
+    def _enqueue(self, req: Req, group: str) -> None:
+        """Fair admission across callers: the k-th waiting request of a call is admitted after
+        the k-th of every other call waiting, so a request of 1,000 prompts does not hold back
+        a one-prompt request that arrives after it (start-time fair queueing, one unit each)."""
+        req.fair_tag = max(self.group_tags.get(group, 0), self.admitted_tag) + 1
+        self.group_tags[group] = req.fair_tag
+        if len(self.group_tags) > 4 * len(self.waiting) + 1024:  # forget finished callers
+            self.group_tags = {g: t for g, t in self.group_tags.items()
+                               if t > self.admitted_tag}
+        i = len(self.waiting)
+        while i and self.waiting[i - 1].fair_tag > req.fair_tag:
+            i -= 1
+        self.waiting.insert(i, req)
+
+    def abort_request(self, rid: str) -> TokenOutput | None:
+        """Finish a queued or running request now and free its memory."""
+        req = self.find(rid)
+        if req is None:
+            return None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+        req.finished_reason = FinishReason("abort", message="aborted by the client")
+        self.memory.release(req)
+        return self._output(req, [])
+
+    def find(self, rid: str) -> Req | None:
+        for r in self.running:
+            if r.rid == rid:
+                return r
+        for r in self.waiting:
+            if r.rid == rid:
+                return r
+        return None
+
+    # --- the loop body -----------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.in_flight)
+
+    def step(self) -> list[TokenOutput]:
+        """Run one forward (with the encoder stage before it when new inputs need it).
+
+        With the overlap schedule, decode steps are pipelined: this step's batch is launched
+        on the device before the previous step's tokens are read back and processed, so the
+        host's bookkeeping runs while the device computes. Outputs then lag by one step, and
+        a request that just finished may compute one extra token, which is dropped."""
+        outputs = self._step()
+        if self.notices:
+            outputs, self.notices = self.notices + outputs, []
+        return outputs
+
+    def _step(self) -> list[TokenOutput]:
+        admitted, jobs = self._admit()
+        if admitted:
+            outputs = self._flush()
+            if jobs:
+                self.encoder_stage.run(jobs)
+                self._count(ForwardMode.ENCODE.value, len(jobs))
+            assert all(r.cross_ready for r in admitted)
+            outputs += self._run(ForwardMode.EXTEND, admitted)
+            self.running.extend(r for r in admitted if not r.finished)
+            return outputs
+        if self.running:
+            return self._decode_step()
+        outputs = self._flush()
+        if not outputs and self.args.debug_checks:
+            self.check_integrity()
+        return outputs
+
+    def _decode_step(self) -> list[TokenOutput]:
+        prev = self.in_flight
+        if self.overlap and prev is not None and self._overlappable(self.running):
+            # every running request was in `prev` and has one token the host has not seen
+            reqs = [r for r in self.running
+                    if len(r.output_ids) + 1 < r.sampling_params.max_new_tokens]
+            ps = self.memory.page_size
+            need = sum(1 for r in reqs if r.kv_len == len(r.kv_pages) * ps)  # page boundary
+            if reqs:
+                where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
+                order = [where.get(id(r), -1) for r in reqs]
+            if reqs and -1 not in order and self.memory.make_room(need):
+                ids = prev.pending.device_ids
+                if order != list(range(len(prev.batch.reqs))):
+                    ids = ids[torch.tensor(order, device=ids.device)]
+                self.in_flight = self._launch(ForwardMode.DECODE, reqs, input_ids=ids,
+                                              pending=1)
+                return self._resolve(prev)
+        outputs = self._flush()
+        if not self.running:
+            return outputs
+        self._make_room_for_decode()
+        if self.overlap and self._overlappable(self.running):
+            self.in_flight = self._launch(ForwardMode.DECODE, list(self.running))
+            return outputs
+        return outputs + self._run(ForwardMode.DECODE, list(self.running))
+
+    @staticmethod
+    def _overlappable(reqs: list[Req]) -> bool:
+        # penalties read every generated token: they cannot run a step behind the device
+        return not any(r.penalized for r in reqs)
+
+    def _flush(self) -> list[TokenOutput]:
+        """Read back and process the step still in flight, if any."""
+        if self.in_flight is None:
+            return []
+        f, self.in_flight = self.in_flight, None
+        return self._resolve(f)
+
+    def _admit(self) -> tuple[list[Req], list]:
+        """Take waiting requests (in fair order) while slots, pools and the prefill budget allow;
+        returns them and the encoder work they still need."""
+        admitted: list[Req] = []
+        jobs: list = []
+        budget = self.args.max_prefill_tokens
+        while self.waiting:
+            if len(self.running) + len(admitted) >= self.args.max_running_requests:
+                break
+            req = self.waiting[0]
+            if admitted and req.seq_len > budget:
+                break
+            # keep a page free for every running request's next decode step
+            reserve = len(self.running) + len(admitted)
+            try:
+                req_jobs = self.memory.admit(req, reserve_pages=reserve)
+            except PixelsNeeded:  # its cached image was evicted: the sender has the pixels
+                self.waiting.popleft()
+                self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[], need_pixels=True))
+                self.num_pixel_requests += 1
+                continue
+            if req_jobs is None:
+                break
+            self.waiting.popleft()
+            self.admitted_tag = max(self.admitted_tag, req.fair_tag)
+            if not self.waiting:  # no caller is behind another: no history needed
+                self.group_tags.clear()
+            admitted.append(req)
+            jobs += req_jobs
+            budget -= req.seq_len
+        return admitted, jobs
+
+    def _make_room_for_decode(self) -> None:
+        def need() -> int:
+            return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
+
+        while not self.memory.make_room(need()):
+            assert len(self.running) > 1, "a lone request always fits (checked at admission)"
+            # retract the request that has made the least progress: it loses the least work
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
+            self.running.remove(victim)
+            self.memory.release(victim, keep_cross=True)
+            victim.num_retractions += 1
+            self.num_retractions += 1
+            self.waiting.appendleft(victim)
+            logger.info("retracted %s to make room (KV pool full)", victim.rid)
+
+    def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
+        return self._resolve(self._launch(mode, reqs))
+
+    def _launch(self, mode: ForwardMode, reqs: list[Req], input_ids: torch.Tensor | None = None,
+                pending: int = 0) -> _InFlight:
+        sampling = None  # plain greedy for all: the argmax, nothing to build
+        if not all(_plain_greedy(r, pending) for r in reqs):
+            sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
+                                               self.device, pending=pending)
+        if mode is ForwardMode.DECODE:
+            batch = decode_batch(reqs, self.memory, sampling)
+        else:
+            batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
+        batch.worker_batch.input_ids_device = input_ids
+        self._count(mode.value, batch.batch_size)
+        return _InFlight(batch, self.worker.launch(batch.worker_batch))
+
+    def _resolve(self, f: _InFlight) -> list[TokenOutput]:
+        start = time.perf_counter()
+        result = f.pending.result()
+        self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
+        return self._process(f.batch, result)
+
+    def _process(self, batch: ScheduleBatch, result: GenerationResult) -> list[TokenOutput]:
+        """Append each request's new token and check its stop conditions. Streaming requests
+        get an output every step; the others one output, with everything, when they finish."""
+        outputs = []
+        now = time.monotonic()
+        ids = result.next_token_ids
+        for i, req in enumerate(batch.reqs):
+            if req.finished:  # finished (or aborted) while this step was in flight
+                continue
+            token = ids[i]
+            req.output_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            logprobs = top = None
+            if req.return_logprob and result.logprobs is not None:
+                logprobs = [result.logprobs[i]]
+                req.output_logprobs += logprobs
+                if req.top_logprobs_num:
+                    top = [result.top_logprobs[i][: req.top_logprobs_num]]
+                    req.output_top_logprobs += top
+            req.check_finished(self.eos_ids, self._decode_tail)
+            if req.finished:
+                req.finish_time = now
+                self.memory.finish(req)
+                if req in self.running:
+                    self.running.remove(req)
+                if not req.stream:  # everything at once
+                    outputs.append(self._output(req, req.output_ids, req.output_logprobs or None,
+                                                req.output_top_logprobs or None))
+                    continue
+            if req.stream:
+                outputs.append(self._output(req, [token], logprobs, top))
+        return outputs
+
+    def _decode_tail(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _output(self, req: Req, new_ids: list[int], logprobs=None, top=None) -> TokenOutput:
+        out = TokenOutput(
+            rid=req.rid, new_token_ids=new_ids,
+            finished_reason=req.finished_reason.to_json() if req.finished else None,
+            prompt_tokens=len(req.encoder_input_ids) or len(req.decoder_input_ids),
+            cached_tokens=req.cached_tokens, encoder_cache_hit=req.encoder_cache_hit,
+            completion_tokens=len(req.output_ids),
+            new_logprobs=logprobs, new_top_logprobs=top,
+            stop=req.sampling_params.stop,
+            skip_special_tokens=req.sampling_params.skip_special_tokens,
+        )
+        if req.finish_time is not None and req.first_token_time is not None:
+            # the scheduler's own clock: queueing + prefill, and the decode phase
+            out.extra = {"scheduler_ttft": req.first_token_time - req.arrival_time,
+                         "decode_seconds": req.finish_time - req.first_token_time}
+        return out
+
+    def _count(self, mode: str, batch_size: int) -> None:
+        self.forwards[mode] += 1
+        self.max_batch[mode] = max(self.max_batch.get(mode, 0), batch_size)
+
+    # --- operations --------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {
+            "running_requests": len(self.running),
+            "waiting_requests": len(self.waiting),
+            "encoder_forwards": self.encoder_stage.num_forwards,
+            "encoder_projections": self.encoder_stage.num_projected_inputs,
+            "encoder_seconds": self.encoder_stage.seconds,
+            "forwards": sum(self.forwards.values()),
+            "max_batch_size": self.max_batch.get(ForwardMode.DECODE.value, 0),
+            "retractions": self.num_retractions,
+            "pixel_requests": self.num_pixel_requests,  # images by reference no longer cached
+            "host_wait_seconds": self.wait_seconds,
+            **self.memory.usage(),
+        }
+
+    def flush_cache(self) -> bool:
+        """Drop every cached decoder prefix and encoder output that no live request holds."""
+        self.radix.flush()
+        if self.encoder_cache is not None:
+            self.encoder_cache.flush()
+        return True
+
+    # --- integrity ---------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every slot of every pool is free or owned by a live request (AssertionError if not)."""
+        self.memory.check(list(self.running) + list(self.waiting))

@@ -1,0 +1,149 @@
+"""The scheduler's process: owns the model and the device, receives requests over ZMQ, runs
+steps, and streams token ids to the detokenizer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+
+import zmq
+
+from seq2serve.runtime.config.model_config import ModelConfig
+from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.memory.host_memory import PeriodicTrim
+from seq2serve.runtime.messages.io_struct import (
+    AbortRequest,
+    BatchTokenOutput,
+    ControlReply,
+    ControlRequest,
+    TokenizedRequest,
+    TokenOutput,
+)
+from seq2serve.runtime.messages.ipc import IpcNames, parent_alive, socket
+from seq2serve.runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_MS = 500  # how often an idle scheduler checks that its parent is alive
+# The scheduler frees host memory every step (request objects, a CPU forward's tensors) and
+# glibc keeps it for reuse: trimmed when the scheduler goes idle and now and then while busy
+_IDLE_TRIM_S = 1.0
+_BUSY_TRIM_S = 30.0
+
+
+def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    _setup_logging(args)
+    try:
+        model_config = ModelConfig.from_path(args.model_path)
+        tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
+        scheduler = Scheduler(args, model_config, tokenizer)
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+        ready_pipe.send({"status": "error", "type": type(e).__name__, "message": str(e),
+                         "traceback": traceback.format_exc()})
+        return
+    ready_pipe.send({"status": "ready", "info": scheduler_info(scheduler)})
+    SchedulerLoop(scheduler, ipc, parent_pid).run()
+
+
+def scheduler_info(scheduler: Scheduler) -> dict:
+    runner = scheduler.worker.model_runner
+    mem = scheduler.memory
+    arch = scheduler.model_config.arch
+    vision = getattr(arch, "vision", None)
+    return {
+        "has_vision": vision is not None,
+        "image_token_id": getattr(arch, "image_token_id", None),
+        "tokens_per_tile": vision.num_patches if vision is not None else 0,
+        "architecture": scheduler.model_config.architecture,
+        "is_encoder_decoder": scheduler.model_config.is_encoder_decoder,
+        "vocab_size": scheduler.model_config.vocab_size,
+        "input_vocab_size": getattr(arch, "input_vocab_size", arch.vocab_size),
+        "decoder_start_token_id": getattr(scheduler.model_config.arch,
+                                          "decoder_start_token_id", None),
+        "context_length": runner.context_len,
+        "max_encoder_len": runner.max_encoder_len,
+        "kv_capacity_tokens": mem.token_to_kv.capacity_tokens,
+        "cross_capacity_tokens": 0 if mem.cross_kv is None else mem.cross_kv.capacity_tokens,
+        # repeated images may then be sent by reference (without their pixels)
+        "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
+        "device": runner.device,
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "attention_backend": runner.backend_name,
+        "pid": os.getpid(),
+    }
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Scheduler, ipc: IpcNames, parent_pid: int) -> None:
+        self.scheduler = scheduler
+        self.parent_pid = parent_pid
+        ctx = zmq.Context()
+        self.recv = socket(ctx, zmq.PULL, ipc.scheduler_input, bind=True)
+        self.send = socket(ctx, zmq.PUSH, ipc.detokenizer_input, bind=False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.recv, zmq.POLLIN)
+        self.trim = PeriodicTrim()
+
+    def run(self) -> None:
+        busy = False
+        while True:
+            if busy and not self.scheduler.has_work:
+                self.trim.maybe(_IDLE_TRIM_S)  # just went idle
+            busy = self.scheduler.has_work
+            timeout = 0 if busy else _IDLE_POLL_MS
+            if not self.poller.poll(timeout) and not self.scheduler.has_work:
+                if not parent_alive(self.parent_pid):
+                    return
+                if self.scheduler.args.debug_checks:
+                    self.scheduler.check_integrity()
+                continue
+            outputs = self._drain()
+            if self.scheduler.has_work:
+                outputs += self.scheduler.step()
+                self.trim.maybe(_BUSY_TRIM_S)
+            if outputs:
+                self.send.send_pyobj(BatchTokenOutput(outputs))
+
+    def _drain(self) -> list:
+        out: list = []
+        while True:
+            try:
+                msg = self.recv.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            if isinstance(msg, TokenizedRequest):
+                try:
+                    self.scheduler.add_request(msg)
+                except ValueError as e:
+                    out.append(TokenOutput(rid=msg.rid, new_token_ids=[], error=str(e),
+                                           finished_reason={"type": "abort", "message": str(e)}))
+            elif isinstance(msg, AbortRequest):
+                aborted = self.scheduler.abort_request(msg.rid)
+                if aborted is not None:
+                    out.append(aborted)
+            elif isinstance(msg, ControlRequest):
+                # replies go out at once, ahead of this step's tokens
+                self.send.send_pyobj(self._control(msg))
+
+    def _control(self, msg: ControlRequest) -> ControlReply:
+        s = self.scheduler
+        try:
+            if msg.kind == "check_integrity":
+                s.check_integrity()
+                return ControlReply(msg.kind, msg.tag, True, {"idle": not s.has_work})
+            if msg.kind == "stats":
+                return ControlReply(msg.kind, msg.tag, True, s.stats())
+            if msg.kind == "flush_cache":
+                return ControlReply(msg.kind, msg.tag, s.flush_cache())
+        except AssertionError as e:
+            return ControlReply(msg.kind, msg.tag, False, {"error": str(e)})
+        return ControlReply(msg.kind, msg.tag, False, {"error": f"unknown control {msg.kind!r}"})
+
+
+def _setup_logging(args: ServerArgs) -> None:
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(processName)s %(name)s: %(message)s")

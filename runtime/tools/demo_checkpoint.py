@@ -1,0 +1,199 @@
+"""Tiny random-weight checkpoints in Hugging Face format, for smoke runs and tests, and the
+bundled (trained) demo model.
+
+The weights are random: the text they produce is meaningless. They are scaled so that greedy
+decoding does not collapse into one repeated token, which keeps parity tests meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parents[2] / "models" / "assets"
+T5_TOKENIZER = ASSETS / "t5-tokenizer"
+LLAMA3_TOKENIZER = ASSETS / "llama3-tokenizer"
+
+DEMO_T5 = dict(vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+               num_decoder_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
+               tie_word_embeddings=False)
+
+
+def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                        mt5: bool = False, init_scale: float = 4.0, embed_scale: float = 1.0,
+                        with_tokenizer: bool = True, **config) -> Path:
+    """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer).
+
+    `config` overrides DEMO_T5's fields (any T5Config field). `init_scale` multiplies HF's
+    initializer and `embed_scale` the embedding, so tiny random models produce varied tokens
+    (a tied head over large embeddings tends to repeat the previous token).
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import (
+        MT5Config,
+        MT5ForConditionalGeneration,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_kwargs = {**DEMO_T5, **config}
+    tied = cfg_kwargs.pop("tie_word_embeddings")
+    cfg_cls, model_cls = (MT5Config, MT5ForConditionalGeneration) if mt5 else (
+        T5Config, T5ForConditionalGeneration)
+    hf_config = cfg_cls(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                        initializer_factor=init_scale, tie_word_embeddings=tied, **cfg_kwargs)
+    torch.manual_seed(seed)
+    model = model_cls(hf_config).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        state.pop(k, None)
+    state["shared.weight"] = state["shared.weight"] * embed_scale
+    if tied:
+        state.pop("lm_head.weight", None)
+    else:
+        # an untied head of its own (transformers 5 ties it at init whatever the config says)
+        g = torch.Generator().manual_seed(seed + 1)
+        std = init_scale * hf_config.d_model**-0.5
+        state["lm_head.weight"] = torch.randn(state["shared.weight"].shape, generator=g) * std
+    torch_dtype = getattr(torch, dtype)
+    state = {k: v.to(torch_dtype) for k, v in state.items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config.to_dict()
+    cfg.update(architectures=[model_cls.__name__], tie_word_embeddings=tied,
+               scale_decoder_outputs=tied, dtype=dtype)
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    if with_tokenizer:
+        for f in T5_TOKENIZER.iterdir():
+            shutil.copy(f, out / f.name)
+    (out / "README.md").write_text(
+        "A tiny T5 v1.1-architecture checkpoint with RANDOM weights, written by "
+        "`seq2serve demo-checkpoint`. Its output is meaningless text; it exists for smoke "
+        "runs and tests. The tokenizer is the real T5 vocabulary (Apache-2.0).\n")
+    return out
+
+
+DEMO_LLAMA = dict(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
+                  eos_token_id=128009,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 256})
+
+
+def write_llama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                           init_scale: float = 1.0, **config) -> Path:
+    """Write a random Llama 3-style checkpoint with the real Llama 3 tokenizer (random weights).
+
+    `config` overrides DEMO_LLAMA's fields; `init_scale` multiplies HF's initializer range.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_kwargs = {**DEMO_LLAMA, **config}
+    hf_config = LlamaConfig(initializer_range=0.02 * init_scale, **cfg_kwargs)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(hf_config).eval()
+    state = {k: v.contiguous().to(getattr(torch, dtype)) for k, v in model.state_dict().items()}
+    if cfg_kwargs["tie_word_embeddings"]:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config.to_dict()
+    cfg.update(architectures=["LlamaForCausalLM"], dtype=dtype)
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    for f in LLAMA3_TOKENIZER.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+MLLAMA_CHAT_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- else %}"
+    "{%- for part in message['content'] %}{%- if part['type'] == 'image' %}{{- '<|image|>' }}"
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
+    "{%- endif %}{{- '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
+DEMO_MLLAMA_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_global_layers=1, attention_heads=2, image_size=28, patch_size=14,
+                          max_num_tiles=4, intermediate_layers_indices=[0, 1],
+                          vision_output_dim=96)
+DEMO_MLLAMA_TEXT = dict(vocab_size=128256, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        cross_attention_layers=[1, 3], max_position_embeddings=2048,
+                        eos_token_id=128009, bos_token_id=128000, pad_token_id=128004,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                         "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 256})
+
+
+def write_mllama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                            init_scale: float = 10.0, vision: dict | None = None,
+                            text: dict | None = None) -> Path:
+    """Write a tiny random Mllama checkpoint: the real Llama 3 tokenizer plus <|image|> (id
+    128256) and a chat template for image parts, a small-image MllamaImageProcessor, and every
+    gate opened to a random value so that images change the output."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import (
+        MllamaConfig,
+        MllamaForConditionalGeneration,
+        MllamaImageProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vcfg = {**DEMO_MLLAMA_VISION, **(vision or {}), "initializer_range": 0.02 * init_scale}
+    tcfg = {**DEMO_MLLAMA_TEXT, **(text or {}), "initializer_range": 0.02 * init_scale}
+    hf_config = MllamaConfig(vision_config=vcfg, text_config=tcfg, image_token_index=128256)
+    torch.manual_seed(seed)
+    model = MllamaForConditionalGeneration(hf_config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    state = {}
+    for k, v in model.state_dict().items():
+        if "gate" in k and v.numel() == 1:  # opened: +-(0.5 .. 1.5)
+            sign = 1.0 if torch.rand(1, generator=g).item() < 0.75 else -1.0
+            v = sign * (0.5 + torch.rand(1, generator=g))
+        state[k] = v.contiguous().to(getattr(torch, dtype))
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config.to_dict()
+    cfg.update(architectures=["MllamaForConditionalGeneration"], dtype=dtype)
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    tok = PreTrainedTokenizerFast.from_pretrained(str(LLAMA3_TOKENIZER))
+    tok.add_tokens(["<|image|>"], special_tokens=True)
+    assert tok.convert_tokens_to_ids("<|image|>") == 128256
+    tok.chat_template = MLLAMA_CHAT_TEMPLATE
+    tok.save_pretrained(str(out))
+    size = vcfg["image_size"]
+    MllamaImageProcessor(size={"height": size, "width": size},
+                            max_image_tiles=vcfg["max_num_tiles"]).save_pretrained(str(out))
+    return out
+
+
+DEMO_MODEL = ASSETS / "demo-t5-numbers"
+
+
+def default_demo_path() -> Path:
+    """The bundled demo model: a tiny T5 trained (scripts/train_demo.py) to write numbers in
+    English words ("translate digits to English: 1984")."""
+    if not (DEMO_MODEL / "model.safetensors").is_file():
+        raise ValueError(f"the bundled demo model is missing from {DEMO_MODEL}")
+    return DEMO_MODEL
