@@ -12,7 +12,7 @@ import zmq
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.incremental_detokenizer import IncrementalDetokenizer
-from seq2serve.runtime.messages.io_struct import BatchTokenOutput
+from seq2serve.runtime.messages.io_struct import BatchTokenOutput, DetokenizeSettings
 from seq2serve.runtime.messages.ipc import IpcNames, parent_alive, socket
 
 logger = logging.getLogger(__name__)
@@ -28,8 +28,10 @@ class DetokenizerManager:
             if out.error is not None or out.need_pixels:
                 continue
             state = self.states.get(out.rid)
-            if state is None:
-                state = IncrementalDetokenizer(self.tokenizer, out.skip_special_tokens, out.stop)
+            if state is None:  # a request's first output carries its settings
+                settings = out.detokenize or DetokenizeSettings()
+                state = IncrementalDetokenizer(self.tokenizer, settings.skip_special_tokens,
+                                               list(settings.stop))
                 self.states[out.rid] = state
             finished = out.finished_reason is not None
             out.text = state.add(out.new_token_ids, finished=finished)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -34,6 +35,7 @@ from seq2serve.runtime.messages.io_struct import (
     TokenOutput,
 )
 from seq2serve.runtime.messages.ipc import IpcNames, socket
+from seq2serve.runtime.messages.model_limits import ModelLimits
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,10 @@ class TokenizerManager:
         self.draining = False  # shutting down: running requests finish, new ones are refused
         self.metrics = None  # a ServerMetrics when serving HTTP
         self._started = False
+
+    @functools.cached_property
+    def model_limits(self) -> ModelLimits:
+        return ModelLimits.from_info(self.info)
 
     async def start(self) -> None:
         """Open the sockets and start the receive loop in the running event loop."""
@@ -209,24 +215,16 @@ class TokenizerManager:
         return self.info["context_length"], "context_length"
 
     def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
-        vocab = self.info["vocab_size"]
         if "text" in item:
             ids = self._prompt_ids(item["text"])
         else:
             ids = item["input_ids"]
-            limit = self.info.get("input_vocab_size", vocab)  # Mllama: + <|image|>
-            bad = [t for t in ids if not 0 <= t < limit]
-            if bad:
-                raise ValueError(f"input_ids has token id {bad[0]} outside [0, {limit})")
         if not self.is_encoder_decoder:
             if item["decoder_input_ids"] is not None:
                 raise ValueError("decoder_input_ids is only for encoder-decoder models")
             return [], ids
         start = self.info["decoder_start_token_id"]
         dec = list(item["decoder_input_ids"] or [])
-        bad = [t for t in dec if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"decoder_input_ids has token id {bad[0]} outside [0, {vocab})")
         if not dec or dec[0] != start:
             dec = [start] + dec
         return ids, dec
@@ -241,25 +239,12 @@ class TokenizerManager:
 
     def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams,
                        image_tokens: int = 0) -> None:
-        info = self.info
         cap = self.limits.max_prompt_tokens
         prompt = len(enc) if enc else len(dec)
         if cap is not None and prompt > cap:
             raise ValueError(f"the prompt is {prompt} tokens, over this server's limit of "
                              f"{cap} (max_prompt_tokens)")
-        limit = min(info["max_encoder_len"], info["cross_capacity_tokens"])
-        if len(enc) > limit:
-            raise ValueError(f"the input is {len(enc)} tokens, longer than the limit of "
-                             f"{limit} (max_encoder_len / cross-KV pool)")
-        if image_tokens > limit:
-            raise ValueError(f"the images need {image_tokens} cross-attention tokens, over the "
-                             f"limit of {limit} (max_encoder_len / cross-KV pool)")
-        total = len(dec) + sp.max_new_tokens
-        limit = min(info["context_length"], info["kv_capacity_tokens"])
-        if total > limit:
-            what = "decoder prefix" if self.is_encoder_decoder else "prompt"
-            raise ValueError(f"the {what} ({len(dec)} tokens) plus max_new_tokens "
-                             f"({sp.max_new_tokens}) is {total}, over the limit of {limit}")
+        self.model_limits.check(enc, dec, sp.max_new_tokens, image_tokens)
 
     def _encoder_key(self, ids: list[int]) -> str:
         h = hashlib.blake2b(digest_size=16)

@@ -50,6 +50,12 @@ class ControlReply:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DetokenizeSettings:
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one
+    skip_special_tokens: bool = True
+
+
 @dataclass
 class TokenOutput:
     """New tokens of one request from one scheduler step; `text` is filled by the detokenizer."""
@@ -67,9 +73,9 @@ class TokenOutput:
     # set when an image sent by reference is no longer cached: the scheduler dropped the
     # request and the tokenizer manager sends it again with every image's pixels
     need_pixels: bool = False
-    # what the detokenizer needs to know about the request
-    stop: list[str] = field(default_factory=list)
-    skip_special_tokens: bool = True
+    # what the detokenizer needs to know about the request: on its first output only (the
+    # detokenizer keeps it until the request finishes)
+    detokenize: DetokenizeSettings | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # scheduler timings, when finished
     # set by the detokenizer
     text: str = ""

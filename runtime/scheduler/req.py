@@ -62,6 +62,7 @@ class Req:
     finished_reason: FinishReason | None = None
     num_retractions: int = 0
     fair_tag: int = 0  # admission order across callers (Scheduler._enqueue)
+    announced: bool = False  # its detokenizer settings went out with its first output
     # --- timing (set by the scheduler) ---
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

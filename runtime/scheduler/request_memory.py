@@ -39,23 +39,6 @@ class RequestMemory:
     def pages_to_grow(self, req: Req, new_len: int) -> int:
         return max(0, self.token_to_kv.pages_for(new_len) - len(req.kv_pages))
 
-    def fits_alone(self, encoder_len: int, max_decoder_len: int) -> str | None:
-        """Why a request of these sizes could never run, even alone; None if it can."""
-        if max_decoder_len > self.req_to_token.max_context_len:
-            return (f"decoder length {max_decoder_len} exceeds the context length "
-                    f"{self.req_to_token.max_context_len}")
-        if max_decoder_len > self.token_to_kv.capacity_tokens:
-            return (f"decoder length {max_decoder_len} exceeds the KV pool "
-                    f"({self.token_to_kv.capacity_tokens} tokens)")
-        if encoder_len:
-            if encoder_len > self.req_to_token.max_encoder_len:
-                return (f"encoder input of {encoder_len} tokens exceeds max_encoder_len "
-                        f"{self.req_to_token.max_encoder_len}")
-            if self.cross_kv is None or encoder_len > self.cross_kv.capacity_tokens:
-                cap = 0 if self.cross_kv is None else self.cross_kv.capacity_tokens
-                return f"encoder input of {encoder_len} tokens exceeds the cross-KV pool ({cap})"
-        return None
-
     def make_room(self, pages: int) -> bool:
         """Evict cached prefixes until `pages` decoder KV pages are free."""
         free = self.token_to_kv.allocator.num_free

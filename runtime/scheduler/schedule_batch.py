@@ -29,10 +29,11 @@ class ScheduleBatch:
         return len(self.reqs)
 
     @classmethod
-    def extend_or_decode(cls, mode: ForwardMode, reqs: list[Req], memory: RequestMemory,
-                         sampling: SamplingBatch | None) -> ScheduleBatch:
-        """Compute every decoder token of `reqs` not yet in the KV pool (one per request when
-        decoding). The caller has made sure the pool has room (admission / retraction)."""
+    def extend(cls, reqs: list[Req], memory: RequestMemory,
+               sampling: SamplingBatch | None) -> ScheduleBatch:
+        """An EXTEND batch: every decoder token of `reqs` not yet in the KV pool (prompts,
+        and everything a retracted request had). The caller has made sure the pool has room
+        (admission). Decode steps take `decode_batch`, the per-step fast path."""
         ids, positions, locs, extend_lens, new = [], [], [], [], []
         for r in reqs:
             start, end = r.kv_len, r.seq_len
@@ -43,13 +44,11 @@ class ScheduleBatch:
             positions.append(torch.arange(start, end))
             locs.append(slots)
             extend_lens.append(end - start)
-        if mode is ForwardMode.DECODE:
-            assert all(n == 1 for n in extend_lens)
         kv_start = kv_end = None
         if any(r.cross_spans is not None for r in reqs):
             kv_start, kv_end = _cross_ranges(reqs, new)
         wb = ModelWorkerBatch(
-            forward_mode=mode,
+            forward_mode=ForwardMode.EXTEND,
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=torch.cat(positions),
             out_cache_loc=torch.cat(locs),
@@ -61,7 +60,7 @@ class ScheduleBatch:
             cross_kv_start=kv_start,
             cross_kv_end=kv_end,
         )
-        return cls(mode, reqs, wb)
+        return cls(ForwardMode.EXTEND, reqs, wb)
 
 
 def decode_batch(reqs: list[Req], memory: RequestMemory,

@@ -29,7 +29,8 @@ from seq2serve.runtime.executor.worker import GenerationResult, ModelWorker, Pen
 from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
-from seq2serve.runtime.messages.io_struct import TokenizedRequest, TokenOutput
+from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
+from seq2serve.runtime.messages.model_limits import ModelLimits
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import FinishReason, Req
 from seq2serve.runtime.scheduler.request_memory import PixelsNeeded, RequestMemory
@@ -87,6 +88,15 @@ class Scheduler:
                                     w.cross_kv_pool, self.encoder_cache, self.radix)
         self.encoder_stage = EncoderStage(self.worker, self.encoder_cache,
                                           args.max_encoder_batch_tokens)
+        arch = model_config.arch
+        self.limits = ModelLimits(  # sent to the frontend at start-up (scheduler_info)
+            vocab_size=arch.vocab_size,
+            input_vocab_size=getattr(arch, "input_vocab_size", arch.vocab_size),
+            is_encoder_decoder=arch.is_encoder_decoder,
+            context_length=w.req_to_token_pool.max_context_len,
+            max_encoder_len=w.req_to_token_pool.max_encoder_len,
+            kv_capacity_tokens=w.token_to_kv_pool.capacity_tokens,
+            cross_capacity_tokens=0 if w.cross_kv_pool is None else w.cross_kv_pool.capacity_tokens)
         eos = set(model_config.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
@@ -114,24 +124,12 @@ class Scheduler:
         sp.validate(arch.vocab_size)
         if self.find(tr.rid) is not None:
             raise ValueError(f"request id {tr.rid!r} is already in use")
-        if arch.is_encoder_decoder and not tr.encoder_input_ids:
-            raise ValueError("the encoder input is empty")
-        if not tr.decoder_input_ids:
-            raise ValueError("the decoder input is empty")
-        vocab = getattr(arch, "input_vocab_size", arch.vocab_size)
-        for name, ids in (("input_ids", tr.encoder_input_ids),
-                          ("decoder_input_ids", tr.decoder_input_ids)):
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"{name} has token id {bad[0]} outside [0, {vocab})")
+        self.limits.check(tr.encoder_input_ids, tr.decoder_input_ids, sp.max_new_tokens,
+                          sum(i.num_tokens for i in tr.images))
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model directory has none")
         if tr.images and not arch.num_cross_attn_layers:
             raise ValueError("this model takes no images")
-        encoder_len = len(tr.encoder_input_ids) + sum(i.num_tokens for i in tr.images)
-        why = self.memory.fits_alone(encoder_len, len(tr.decoder_input_ids) + sp.max_new_tokens)
-        if why:
-            raise ValueError(f"request too long: {why}")
         req = Req(
             rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
             decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
@@ -318,7 +316,7 @@ class Scheduler:
         if mode is ForwardMode.DECODE:
             batch = decode_batch(reqs, self.memory, sampling)
         else:
-            batch = ScheduleBatch.extend_or_decode(mode, reqs, self.memory, sampling)
+            batch = ScheduleBatch.extend(reqs, self.memory, sampling)
         batch.worker_batch.input_ids_device = input_ids
         self._count(mode.value, batch.batch_size)
         return _InFlight(batch, self.worker.launch(batch.worker_batch))
@@ -374,9 +372,11 @@ class Scheduler:
             cached_tokens=req.cached_tokens, encoder_cache_hit=req.encoder_cache_hit,
             completion_tokens=len(req.output_ids),
             new_logprobs=logprobs, new_top_logprobs=top,
-            stop=req.sampling_params.stop,
-            skip_special_tokens=req.sampling_params.skip_special_tokens,
         )
+        if not req.announced:  # the detokenizer keeps these from the first output on
+            req.announced = True
+            sp = req.sampling_params
+            out.detokenize = DetokenizeSettings(tuple(sp.stop), sp.skip_special_tokens)
         if req.finish_time is not None and req.first_token_time is not None:
             # the scheduler's own clock: queueing + prefill, and the decode phase
             out.extra = {"scheduler_ttft": req.first_token_time - req.arrival_time,

@@ -3,6 +3,7 @@ steps, and streams token ids to the detokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -60,15 +61,8 @@ def scheduler_info(scheduler: Scheduler) -> dict:
         "image_token_id": getattr(arch, "image_token_id", None),
         "tokens_per_tile": vision.num_patches if vision is not None else 0,
         "architecture": scheduler.model_config.architecture,
-        "is_encoder_decoder": scheduler.model_config.is_encoder_decoder,
-        "vocab_size": scheduler.model_config.vocab_size,
-        "input_vocab_size": getattr(arch, "input_vocab_size", arch.vocab_size),
-        "decoder_start_token_id": getattr(scheduler.model_config.arch,
-                                          "decoder_start_token_id", None),
-        "context_length": runner.context_len,
-        "max_encoder_len": runner.max_encoder_len,
-        "kv_capacity_tokens": mem.token_to_kv.capacity_tokens,
-        "cross_capacity_tokens": 0 if mem.cross_kv is None else mem.cross_kv.capacity_tokens,
+        "decoder_start_token_id": getattr(arch, "decoder_start_token_id", None),
+        **dataclasses.asdict(scheduler.limits),  # what a request may be (ModelLimits)
         # repeated images may then be sent by reference (without their pixels)
         "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
         "device": runner.device,

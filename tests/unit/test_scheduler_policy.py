@@ -20,10 +20,11 @@ CONFIG = ModelConfig.from_path(str(default_demo_path()))  # config.json only: no
 VOCAB = CONFIG.vocab_size
 
 
-def scheduler(*, kv_tokens: int = 4096, cross_tokens: int = 4096, **args) -> Scheduler:
+def scheduler(*, kv_tokens: int = 4096, cross_tokens: int = 4096, tokenizer=None,
+              **args) -> Scheduler:
     a = ServerArgs(model_path=CONFIG.model_path, device="cpu", **args)
-    return Scheduler(a, CONFIG, None, FakeExecutor(a, CONFIG, kv_tokens=kv_tokens,
-                                                   cross_tokens=cross_tokens))
+    return Scheduler(a, CONFIG, tokenizer, FakeExecutor(a, CONFIG, kv_tokens=kv_tokens,
+                                                        cross_tokens=cross_tokens))
 
 
 def drive(sched: Scheduler, arrivals: dict[int, list] | None = None,
@@ -155,3 +156,22 @@ def test_50000_decode_steps_keep_the_scheduler_flat():
     assert not grown, grown
     assert heap_growth < 256 << 10, f"the Python heap grew by {heap_growth} bytes"
     sched.check_integrity()
+
+
+def test_detokenizer_settings_go_out_once_per_request():
+    """A request's stop strings and skip_special_tokens ride on its first output only (the
+    detokenizer keeps them), not on every token."""
+    from seq2serve.runtime.config.tokenizer import load_tokenizer
+
+    sched = scheduler(tokenizer=load_tokenizer(CONFIG.model_path))
+    tr = request("s", source(1), max_new_tokens=6, ignore_eos=True, stop=["\x00never"],
+                 skip_special_tokens=False)
+    tr.stream = True
+    sched.add_request(tr)
+    outs = []
+    while sched.has_work:
+        outs += sched.step()
+    assert len(outs) == 6
+    first = outs[0].detokenize
+    assert first.stop == ("\x00never",) and first.skip_special_tokens is False
+    assert all(o.detokenize is None for o in outs[1:])
