@@ -15,7 +15,7 @@ import argparse
 import itertools
 import os
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 if "--cpu-smoke" in sys.argv:  # Triton reads this on import
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -26,7 +26,7 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool  # noqa: E402
 from seq2serve.models.attention import Attention  # noqa: E402
 from seq2serve.models.mt5.relative_position import RelativePositionBias  # noqa: E402
 from seq2serve.runtime.attention.base import AttentionKind  # noqa: E402
-from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from seq2serve.runtime.attention.forward_batch import DecoderInputs, ForwardBatch, ForwardMode  # noqa: E402,E501
 from seq2serve.runtime.attention.torch_native import TorchNativeBackend  # noqa: E402
 from seq2serve.runtime.attention.triton_backend import TritonBackend  # noqa: E402
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool  # noqa: E402
@@ -79,20 +79,17 @@ def build(case: Case, dtype: torch.dtype, device: str, seed: int) -> ForwardBatc
     ones = torch.ones(case.batch, dtype=torch.int32, device=device)
     rows = list(range(case.batch))
     is_self = case.kind is AttentionKind.SELF
-    given = dict(
-        forward_mode=ForwardMode.DECODE, batch_size=case.batch, positions=(lens - 1).long(),
+    host = DecoderInputs(req_pool_indices=rows,
+                         seq_lens=[case.kv_len if is_self else 1] * case.batch,
+                         extend_lens=[1] * case.batch,
+                         encoder_lens=[1 if is_self else case.kv_len] * case.batch)
+    # the inputs this benchmark does not use (token ids, cross ranges...) stay None
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE, host=host, positions=(lens - 1).long(),
         req_pool_indices=torch.arange(case.batch, device=device),
         seq_lens=lens if is_self else ones, extend_lens=ones,
-        encoder_lens=ones if is_self else lens,
-        seq_lens_cpu=[case.kv_len if is_self else 1] * case.batch,
-        extend_lens_cpu=[1] * case.batch,
-        encoder_lens_cpu=[1 if is_self else case.kv_len] * case.batch,
-        req_pool_indices_cpu=rows, req_to_token_pool=req,
-        token_to_kv_pool=pool if is_self else None, cross_kv_pool=None if is_self else pool,
-    )
-    # the optional inputs this benchmark does not use (images, cross ranges...) stay None
-    unset = {f.name: None for f in fields(ForwardBatch) if f.name != "attn_metadata"}
-    return ForwardBatch(**{**unset, **given})
+        encoder_lens=ones if is_self else lens, req_to_token_pool=req,
+        token_to_kv_pool=pool if is_self else None, cross_kv_pool=None if is_self else pool)
 
 
 def float32_twin(fb: ForwardBatch) -> ForwardBatch:

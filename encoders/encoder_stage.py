@@ -13,8 +13,7 @@ import torch
 
 from seq2serve.encoders.encoder_cache import EncoderCache, EncoderJob, EncodeWork
 from seq2serve.encoders.encoder_input import ImageBatch
-from seq2serve.runtime.attention.forward_batch import ForwardMode
-from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
+from seq2serve.runtime.executor.worker_batch import EncodeBatch
 
 
 class EncoderStage:
@@ -49,17 +48,16 @@ class EncoderStage:
         project = [j for j in jobs if j.work is EncodeWork.PROJECT]
         images = [j.segment.image for j in encode if j.segment.image is not None]
         token_jobs = [j for j in encode if j.segment.token_ids is not None]
-        wb = ModelWorkerBatch(
-            forward_mode=ForwardMode.ENCODE,
-            encoder_input_ids=torch.tensor([t for j in token_jobs for t in j.segment.token_ids])
+        batch = EncodeBatch(
+            token_ids=torch.tensor([t for j in token_jobs for t in j.segment.token_ids])
             if token_jobs else None,
-            encoder_images=ImageBatch.of(images) if images else None,
-            encoder_lens=[j.segment.length for j in encode],
+            model_input=ImageBatch.of(images) if images else None,
+            segment_lens=[j.segment.length for j in encode],
             # cross K/V slots: the encoded inputs first, then the projected ones
             cross_out_loc=torch.cat([j.entry.handle.loc for j in encode + project]),
             cached_hidden=torch.cat([j.entry.hidden for j in project]) if project else None,
         )
-        hidden = self.worker.forward_encode(wb)
+        hidden = self.worker.forward_encode(batch)
         if encode:
             self.num_forwards += 1
             offset = 0

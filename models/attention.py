@@ -11,7 +11,7 @@ from torch import nn
 from seq2serve.runtime.attention.base import AttentionKind, PositionBias
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.attention.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import EncodeForwardBatch, ForwardBatch
 
 
 class Attention(nn.Module):
@@ -26,14 +26,14 @@ class Attention(nn.Module):
         self.scaling = scaling
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                fb: ForwardBatch, position_bias: PositionBias | None = None) -> torch.Tensor:
+                fb: ForwardBatch | EncodeForwardBatch, position_bias: PositionBias | None = None) -> torch.Tensor:
         q = q.view(-1, self.num_heads, self.head_dim)
         if k is not None:
             k = k.view(-1, self.num_kv_heads, self.head_dim)
             v = v.view(-1, self.num_kv_heads, self.head_dim)
         return fb.attn_backend.forward(q, k, v, self, fb, position_bias)
 
-    def store_cross_kv(self, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> None:
+    def store_cross_kv(self, k: torch.Tensor, v: torch.Tensor, fb: EncodeForwardBatch) -> None:
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         fb.attn_backend.store_cross_kv(self, k, v, fb)

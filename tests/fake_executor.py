@@ -11,9 +11,8 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
-from seq2serve.runtime.executor.sampler import SampleOutput
-from seq2serve.runtime.executor.worker import PendingResult
-from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
+from seq2serve.runtime.executor.sampler import StepOutput
+from seq2serve.runtime.executor.worker_batch import DecoderBatch, EncodeBatch
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 
@@ -47,13 +46,13 @@ class FakeExecutor:
         self.forwards: dict[str, int] = {}
         self.rows_seen = 0
 
-    def launch(self, wb: ModelWorkerBatch) -> PendingResult:
-        mode = wb.forward_mode
+    def launch(self, wb: DecoderBatch) -> StepOutput:
+        mode, x = wb.forward_mode, wb.inputs
         self.forwards[mode.value] = self.forwards.get(mode.value, 0) + 1
-        ids = wb.input_ids_device if wb.input_ids_device is not None else wb.input_ids
-        ids, pos = ids.tolist(), wb.positions.tolist()
-        loc = wb.out_cache_loc.tolist()
-        assert len(ids) == len(pos) == len(loc) == sum(wb.extend_lens)
+        ids = wb.input_ids_device if wb.input_ids_device is not None else x.input_ids
+        ids, pos = ids.tolist(), x.positions.tolist()
+        loc = x.out_cache_loc.tolist()
+        assert len(ids) == len(pos) == len(loc) == sum(x.extend_lens)
         assert len(set(loc)) == len(loc) and min(loc) >= self.token_to_kv_pool.page_size, \
             "every new token needs its own slot, never the scratch page"
         if mode is ForwardMode.DECODE:
@@ -61,13 +60,13 @@ class FakeExecutor:
         else:
             assert mode is ForwardMode.EXTEND
             rows, end = [], 0
-            for n in wb.extend_lens:
+            for n in x.extend_lens:
                 end += n
                 rows.append(end - 1)  # each request's last token
         self.rows_seen += len(rows)
         out = torch.tensor([next_token(ids[r], pos[r], self.vocab) for r in rows])
-        return PendingResult(out, SampleOutput(out), None)
+        return StepOutput(out).copy_to_host()
 
-    def forward_encode(self, wb: ModelWorkerBatch) -> torch.Tensor:
+    def forward_encode(self, batch: EncodeBatch) -> torch.Tensor:
         self.forwards["encode"] = self.forwards.get("encode", 0) + 1
-        return torch.zeros(sum(wb.encoder_lens), 1)
+        return torch.zeros(sum(batch.segment_lens), 1)

@@ -104,7 +104,7 @@ def request(rid: str, encoder_ids: list[int], decoder_ids: list[int] | None = No
 
 
 def record_results(scheduler: Scheduler) -> list:
-    """(request ids, GenerationResult) of every step the scheduler processes, in order; the
+    """(request ids, StepOutput) of every step the scheduler processes, in order; the
     results carry logits when the model runner's `keep_logits` is on."""
     steps = []
     process = scheduler._process

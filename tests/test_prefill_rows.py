@@ -42,12 +42,13 @@ def _both_ways(sched, requests: list[TokenizedRequest]) -> tuple[torch.Tensor, t
     sched.step()
     sched.worker.launch = launch
     (wb,) = captured
-    assert sum(wb.extend_lens) > len(wb.extend_lens)  # a real prefill, not 1 token each
+    lens = wb.inputs.extend_lens
+    assert sum(lens) > len(lens)  # a real prefill, not 1 token each
     runner = sched.worker.model_runner
     runner.keep_logits = True
     extend = runner.forward(wb).logits
     rows, last = decode_rows(wb)
-    assert rows.forward_mode is ForwardMode.DECODE and len(rows.seq_lens) == sum(wb.extend_lens)
+    assert rows.forward_mode is ForwardMode.DECODE and rows.batch_size == sum(lens)
     as_rows = runner.forward(rows).logits[last]
     return extend, as_rows
 

@@ -18,7 +18,12 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.models.attention import Attention
 from seq2serve.models.mt5.relative_position import RelativePositionBias, relative_position_bucket
 from seq2serve.runtime.attention.base import AttentionKind
-from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.attention.forward_batch import (
+    DecoderInputs,
+    EncodeForwardBatch,
+    ForwardBatch,
+    ForwardMode,
+)
 from seq2serve.runtime.attention.torch_native import TorchNativeBackend
 from seq2serve.runtime.attention.triton_backend import TritonBackend
 from seq2serve.runtime.kernels.triton_bias import bias_constexprs, t5_bucket
@@ -49,10 +54,10 @@ def poisoned_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", nan_empty)
 
 
-def _forward_batch(**fields) -> ForwardBatch:
-    """A ForwardBatch with every field not given left None (inputs these kernels do not read)."""
-    unset = {f.name: None for f in dataclasses.fields(ForwardBatch) if f.name != "attn_metadata"}
-    return ForwardBatch(**{**unset, **fields})
+def _forward_batch(host: dict, **fields) -> ForwardBatch:
+    """A ForwardBatch; fields not given stay None (inputs these kernels do not read), `host`
+    gives the host lengths."""
+    return ForwardBatch(**fields, host=DecoderInputs(**host))
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype=torch.float32, device=DEVICE) -> torch.Tensor:
@@ -108,18 +113,17 @@ class _Batch:
             return torch.tensor(x, dtype=torch.int32, device=device)
 
         self.fb = _forward_batch(
+            dict(seq_lens=seq_lens, extend_lens=list(extend_lens),
+                 encoder_lens=list(encoder_lens), req_pool_indices=rows),
             forward_mode=(ForwardMode.DECODE if all(n == 1 for n in extend_lens)
                           else ForwardMode.EXTEND),
-            batch_size=batch,
             positions=torch.cat([torch.arange(p, s) for p, s in zip(prefix_lens, seq_lens)])
             .to(device),
             out_cache_loc=torch.cat([self.req.req_to_token[row, p:s]
                                      for row, p, s in zip(rows, prefix_lens, seq_lens)]).long(),
             req_pool_indices=dev(rows).long(), seq_lens=dev(seq_lens),
             extend_lens=dev(extend_lens), encoder_lens=dev(encoder_lens),
-            cross_kv_start=kv_start, cross_kv_end=kv_end, seq_lens_cpu=seq_lens,
-            extend_lens_cpu=list(extend_lens), encoder_lens_cpu=list(encoder_lens),
-            req_pool_indices_cpu=rows, req_to_token_pool=self.req, token_to_kv_pool=self.kv,
+            cross_kv_start=kv_start, cross_kv_end=kv_end, req_to_token_pool=self.req, token_to_kv_pool=self.kv,
             cross_kv_pool=self.cross,
         )
         self.q = _randn(gen, num_tokens, num_heads, head_dim, dtype=dtype, device=device)
@@ -179,10 +183,8 @@ def _encoder_case(gen, lens, num_heads, num_kv_heads, head_dim, use_bias, dtype=
     # k and v as strided views of one projection, as the model hands them over
     kv = _randn(gen, total, 2 * num_kv_heads * head_dim, dtype=dtype, device=device)
     k, v = (t.view(total, num_kv_heads, head_dim) for t in kv.split(num_kv_heads * head_dim, 1))
-    fb = _forward_batch(
-        forward_mode=ForwardMode.ENCODE, batch_size=len(lens),
-        encoder_lens=torch.tensor(lens, dtype=torch.int32, device=device), seq_lens_cpu=[],
-        extend_lens_cpu=[], encoder_lens_cpu=list(lens), req_pool_indices_cpu=[])
+    fb = EncodeForwardBatch(token_ids=None, model_input=None, segment_lens=list(lens),
+                            cross_out_loc=None, cached_hidden=None)
     bias = _bias(gen, num_heads, True, dtype=dtype, device=device) if use_bias else None
     layer = Attention(AttentionKind.ENCODER, -1, num_heads, num_kv_heads, head_dim, 1.0)
     return q, k, v, fb, bias, layer

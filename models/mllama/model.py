@@ -27,7 +27,7 @@ from seq2serve.models.rotary import RotaryEmbedding, rope_inv_freq
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.attention.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import EncodeForwardBatch, ForwardBatch
 
 
 class MllamaCrossAttention(nn.Module):
@@ -43,7 +43,7 @@ class MllamaCrossAttention(nn.Module):
         self.k_norm = RMSNorm(d, t.rms_norm_eps)
         self.attn = Attention(AttentionKind.CROSS, cross_id, h, kvh, d, scaling=d**-0.5)
 
-    def store_kv(self, vision_states: torch.Tensor, fb: ForwardBatch) -> None:
+    def store_kv(self, vision_states: torch.Tensor, fb: EncodeForwardBatch) -> None:
         k, v = self.kv_proj(vision_states).split(self.kv_size, dim=-1)
         k = self.k_norm(k.view(-1, self.attn.num_kv_heads, self.attn.head_dim))
         self.attn.store_cross_kv(k, v, fb)
@@ -75,6 +75,8 @@ class MllamaCrossAttentionLayer(nn.Module):
 
 class MllamaForConditionalGeneration(nn.Module):
     config_class = MllamaConfig
+    # a token reads only its image group's cross keys: the runtime passes each token's range
+    optional_inputs = ("cross_kv_start", "cross_kv_end")
 
     def __init__(self, cfg: MllamaConfig) -> None:
         super().__init__()
@@ -99,13 +101,13 @@ class MllamaForConditionalGeneration(nn.Module):
         self.lm_head = Linear(t.hidden_size, t.vocab_size)
 
     # --- the encoder stage -------------------------------------------------------------------
-    def encode(self, fb: ForwardBatch) -> torch.Tensor:
+    def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
         """Vision tower + projector over the batch's images; the real tiles' states, packed."""
-        imgs = fb.encoder_images
+        imgs = fb.model_input
         states = self.vision_model(imgs.pixel_values, imgs.aspect_ratio_ids, imgs.num_tiles)
         return self.multi_modal_projector(torch.cat(states))
 
-    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: ForwardBatch) -> None:
+    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
         for layer in self.layers:
             if isinstance(layer, MllamaCrossAttentionLayer):
                 layer.cross_attn.store_kv(encoder_hidden, fb)

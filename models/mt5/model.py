@@ -22,7 +22,7 @@ from seq2serve.models.norm import RMSNorm
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.attention.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import EncodeForwardBatch, ForwardBatch
 
 
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,7 @@ class T5SelfAttention(nn.Module):
         self.o = Linear(inner, cfg.d_model)
         self.attn = Attention(kind, layer_id, cfg.num_heads, cfg.num_heads, cfg.d_kv, scaling=1.0)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch,
+    def forward(self, x: torch.Tensor, fb: ForwardBatch | EncodeForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
         return self.attend(self.qkv(x), fb, bias)
 
@@ -83,7 +83,7 @@ class T5CrossAttention(nn.Module):
         self.attn = Attention(AttentionKind.CROSS, layer_id, cfg.num_heads, cfg.num_heads,
                               cfg.d_kv, scaling=1.0)
 
-    def store_kv(self, encoder_hidden: torch.Tensor, fb: ForwardBatch) -> None:
+    def store_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
         k, v = self.kv(encoder_hidden).split(self.inner, dim=-1)
         self.attn.store_cross_kv(k, v, fb)
 
@@ -107,7 +107,7 @@ class T5EncoderBlock(nn.Module):
         self.ff_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
         self.ff = _feed_forward(cfg)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch,
+    def forward(self, x: torch.Tensor, fb: EncodeForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
         h = self.self_attn(self.attn_norm(x), fb, bias)
         normed, x = _add_norm(self.ff_norm, x, h)
@@ -157,14 +157,14 @@ class T5ForConditionalGeneration(nn.Module):
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
 
     # --- the encoder stage -------------------------------------------------------------------
-    def encode(self, fb: ForwardBatch) -> torch.Tensor:
+    def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
         """Run the encoder over a packed ragged batch; returns hidden states [tokens, d_model]."""
-        x = self.shared(fb.encoder_input_ids)
+        x = self.shared(fb.token_ids)
         for layer in self.encoder_layers:
             x = layer(x, fb, self.encoder_bias)
         return self.encoder_norm(x)
 
-    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: ForwardBatch) -> None:
+    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
         """Project the encoder output to each decoder layer's cross K/V, once."""
         for layer in self.decoder_layers:
             layer.cross_attn.store_kv(encoder_hidden, fb)

@@ -11,7 +11,7 @@ import torch
 from seq2serve.runtime.kernels.position_bias import PositionBias
 
 if TYPE_CHECKING:
-    from seq2serve.runtime.attention.forward_batch import ForwardBatch
+    from seq2serve.runtime.attention.forward_batch import EncodeForwardBatch, ForwardBatch
 
 
 class AttentionKind(enum.Enum):
@@ -36,8 +36,16 @@ class AttentionBackend(ABC):
     then call `forward` with q, k, v of shape [tokens, heads, head_dim] and get
     [tokens, heads * head_dim] back."""
 
+    num_sms = 1  # parallelism the decode kernels split KV for (GPU: streaming multiprocessors)
+
     @abstractmethod
-    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
+    def init_forward_metadata(self, fb: ForwardBatch | EncodeForwardBatch) -> None: ...
+
+    def init_graph_metadata(self, fb: ForwardBatch, self_splits: int, cross_splits: int) -> None:
+        """Decode metadata for a CUDA graph capture: made only of views of `fb`'s static device
+        tensors, so each replay reads its own values. Backends that cannot be captured keep
+        this default (the model runner captures only with the Triton backend)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run in CUDA graphs")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 layer: AttentionLayer, fb: ForwardBatch,
@@ -50,7 +58,7 @@ class AttentionBackend(ABC):
         return self.forward_encoder(q, k, v, layer, fb, position_bias)
 
     def store_cross_kv(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor,
-                       fb: ForwardBatch) -> None:
+                       fb: EncodeForwardBatch) -> None:
         """Write an encoder output's projected K/V into the CrossKVPool (encode stage)."""
         fb.cross_kv_pool.set_kv(layer.layer_id, fb.cross_out_loc, k, v)
 
@@ -64,5 +72,5 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        layer: AttentionLayer, fb: ForwardBatch,
+                        layer: AttentionLayer, fb: EncodeForwardBatch,
                         position_bias: PositionBias | None) -> torch.Tensor: ...

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 import torch
 
 from seq2serve.runtime.attention.base import AttentionBackend, AttentionLayer, PositionBias
-from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.attention.forward_batch import (
+    EncodeForwardBatch,
+    ForwardBatch,
+    ForwardMode,
+)
 
 
 @dataclass
@@ -26,16 +30,16 @@ class TorchNativeBackend(AttentionBackend):
     def __init__(self, **_: object) -> None:
         pass
 
-    def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        q_lens = fb.encoder_lens_cpu if fb.forward_mode is ForwardMode.ENCODE else fb.extend_lens_cpu
+    def init_forward_metadata(self, fb: ForwardBatch | EncodeForwardBatch) -> None:
+        encode = fb.forward_mode is ForwardMode.ENCODE
+        q_lens = fb.segment_lens if encode else fb.host.extend_lens
         starts = [0]
         for n in q_lens:
             starts.append(starts[-1] + n)
         kv, cross = [], []
-        if fb.forward_mode is not ForwardMode.ENCODE:
-            pool = fb.req_to_token_pool
-            for idx, seq_len, enc_len in zip(fb.req_pool_indices_cpu, fb.seq_lens_cpu,
-                                             fb.encoder_lens_cpu):
+        if not encode:
+            pool, h = fb.req_to_token_pool, fb.host
+            for idx, seq_len, enc_len in zip(h.req_pool_indices, h.seq_lens, h.encoder_lens):
                 kv.append(pool.req_to_token[idx, :seq_len].long())
                 cross.append(pool.req_to_cross[idx, :enc_len].long())
         fb.attn_metadata = _Metadata(q_starts=starts, kv_indices=kv, cross_indices=cross)
@@ -79,7 +83,7 @@ class TorchNativeBackend(AttentionBackend):
         return out
 
     def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        layer: AttentionLayer, fb: ForwardBatch,
+                        layer: AttentionLayer, fb: EncodeForwardBatch,
                         position_bias: PositionBias | None) -> torch.Tensor:
         md: _Metadata = fb.attn_metadata
         out = torch.empty(q.shape[0], layer.num_heads * layer.head_dim, dtype=q.dtype,

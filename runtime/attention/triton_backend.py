@@ -11,7 +11,11 @@ import torch
 
 from seq2serve.cross_attention.triton_cross_attention import cross_attention_extend
 from seq2serve.runtime.attention.base import AttentionBackend, AttentionLayer, PositionBias
-from seq2serve.runtime.attention.forward_batch import ForwardBatch, ForwardMode
+from seq2serve.runtime.attention.forward_batch import (
+    EncodeForwardBatch,
+    ForwardBatch,
+    ForwardMode,
+)
 from seq2serve.runtime.kernels.triton_decode import num_kv_splits, paged_decode_attention
 from seq2serve.runtime.kernels.triton_encoder_attention import encoder_attention
 from seq2serve.runtime.kernels.triton_flash import query_blocks
@@ -42,12 +46,12 @@ class TritonBackend(AttentionBackend):
         if device.startswith("cuda"):
             self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
 
-    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+    def init_forward_metadata(self, fb: ForwardBatch | EncodeForwardBatch) -> None:
         encode = fb.forward_mode is ForwardMode.ENCODE
-        q_lens = fb.encoder_lens_cpu if encode else fb.extend_lens_cpu
+        q_lens = fb.segment_lens if encode else fb.host.extend_lens
         decode = not encode and all(n == 1 for n in q_lens)
         starts = list(itertools.accumulate(q_lens, initial=0))
-        rows = [] if encode else fb.req_pool_indices_cpu
+        rows = [] if encode else list(fb.host.req_pool_indices)
         block_req, block_start = ([], []) if decode else query_blocks(q_lens)
         # one host-to-device copy for all the index tensors of the batch
         packed = torch.tensor(starts + rows + block_req + block_start, dtype=torch.int32)
@@ -61,10 +65,10 @@ class TritonBackend(AttentionBackend):
             batch = len(q_lens)
             if fb.token_to_kv_pool is not None:
                 md.self_splits = num_kv_splits(batch, fb.token_to_kv_pool.num_kv_heads,
-                                               max(fb.seq_lens_cpu, default=0), self.num_sms)
+                                               max(fb.host.seq_lens, default=0), self.num_sms)
             if fb.cross_kv_pool is not None:
                 md.cross_splits = num_kv_splits(batch, fb.cross_kv_pool.num_kv_heads,
-                                                max(fb.encoder_lens_cpu, default=0),
+                                                max(fb.host.encoder_lens, default=0),
                                                 self.num_sms)
             # one query per request: its key range is the request's
             md.cross_kv_start = fb.cross_kv_start
@@ -115,7 +119,7 @@ class TritonBackend(AttentionBackend):
                                       fb.cross_kv_end)
 
     def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        layer: AttentionLayer, fb: ForwardBatch,
+                        layer: AttentionLayer, fb: EncodeForwardBatch,
                         position_bias: PositionBias | None) -> torch.Tensor:
         md: _Metadata = fb.attn_metadata
         return encoder_attention(q, k, v, md.q_starts, md.block_req, md.block_start,

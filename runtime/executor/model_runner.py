@@ -1,21 +1,25 @@
 """ModelRunner: owns the model, the pools and the attention backend on one device; runs one
-ModelWorkerBatch at a time and samples."""
+DecoderBatch or EncodeBatch at a time and samples."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.models.loader import load_model
 from seq2serve.runtime.attention import create_backend
-from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
-from seq2serve.runtime.executor.sampler import SampleOutput, Sampler
-from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch, decode_rows, to_forward_batch
+from seq2serve.runtime.executor.sampler import Sampler, StepOutput
+from seq2serve.runtime.executor.worker_batch import (
+    DecoderBatch,
+    EncodeBatch,
+    decode_rows,
+    to_encode_forward_batch,
+    to_forward_batch,
+)
 from seq2serve.runtime.memory.budget import available_bytes, plan_pools
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
@@ -24,13 +28,6 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_MAX_LEN = 2048
-
-
-@dataclass
-class ForwardOutput:
-    sample: SampleOutput | None  # None for ENCODE
-    logits: torch.Tensor | None = None  # [B, vocab] of the sampled positions (debug/tests)
-    encoder_hidden: torch.Tensor | None = None  # ENCODE: the encoder's new outputs, packed
 
 
 def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> torch.dtype:
@@ -56,9 +53,8 @@ class ModelRunner:
         self.attn_backend = create_backend(self.backend_name, device=self.device)
         self.sampler = Sampler()
         self.keep_logits = False  # tests turn this on to compare logits with an oracle
-        arch = model_config.arch
-        # vision models restrict each token's cross keys (image groups): graphs take ranges
-        self.uses_cross_ranges = getattr(arch, "image_token_id", None) is not None
+        # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
+        self.model_optional_inputs = frozenset(getattr(self.model, "optional_inputs", ()))
         self.graph_runner = None
         if (self.device.startswith("cuda") and self.backend_name == "triton"
                 and not args.disable_cuda_graph):
@@ -110,25 +106,28 @@ class ModelRunner:
                 "cross_kv": self.cross_kv_pool}
 
     @torch.inference_mode()
-    def forward(self, wb: ModelWorkerBatch) -> ForwardOutput:
+    def encode(self, b: EncodeBatch) -> torch.Tensor | None:
+        """Encode the new inputs and write every cross K/V of the batch; returns the encoder's
+        new outputs (packed) or None when it only projected cached ones."""
+        eb = to_encode_forward_batch(b, self.device, self.pools, self.attn_backend)
+        self.attn_backend.init_forward_metadata(eb)
+        new = self.model.encode(eb) if eb.has_new_inputs else None
+        parts = [h for h in (new, eb.cached_hidden) if h is not None]
+        self.model.store_cross_kv(torch.cat(parts) if len(parts) > 1 else parts[0], eb)
+        return new
+
+    @torch.inference_mode()
+    def forward(self, b: DecoderBatch) -> StepOutput:
         if self.graph_runner is not None:
-            if self.graph_runner.can_run(wb):
-                logits, greedy = self.graph_runner.replay(wb)
-                return self._sample(logits, greedy, wb)
-            if self.graph_runner.can_run_prefill(wb):
-                rows, last = decode_rows(wb)
+            if self.graph_runner.can_run(b):
+                logits, greedy = self.graph_runner.replay(b)
+                return self._sample(logits, greedy, b)
+            if self.graph_runner.can_run_prefill(b):
+                rows, last = decode_rows(b)
                 logits, greedy = self.graph_runner.replay(rows)
                 last = last.to(logits.device, non_blocking=True)
-                return self._sample(logits[last], greedy[last], wb)
-        fb = to_forward_batch(wb, self.device, self.pools, self.attn_backend)
-        if fb.forward_mode is ForwardMode.ENCODE:
-            self.attn_backend.init_forward_metadata(fb)
-            new = None
-            if fb.encoder_input_ids is not None or fb.encoder_images is not None:
-                new = self.model.encode(fb)
-            parts = [h for h in (new, fb.cached_hidden) if h is not None]
-            self.model.store_cross_kv(torch.cat(parts) if len(parts) > 1 else parts[0], fb)
-            return ForwardOutput(sample=None, encoder_hidden=new)
+                return self._sample(logits[last], greedy[last], b)
+        fb = to_forward_batch(b, self.device, self.pools, self.attn_backend)
         # record where each new token's K/V goes, once for the whole batch
         rows = fb.req_pool_indices.repeat_interleave(fb.extend_lens.long())
         self.req_to_token_pool.req_to_token[rows, fb.positions] = fb.out_cache_loc.int()
@@ -136,13 +135,15 @@ class ModelRunner:
         hidden = self.model(fb.input_ids, fb.positions, fb)
         last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
         logits = self.model.compute_logits(hidden[last])
-        return self._sample(logits, None, wb)
+        return self._sample(logits, None, b)
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None,
-                wb: ModelWorkerBatch) -> ForwardOutput:
-        """wb.sampling None means plain greedy for every request: the argmax is the answer."""
-        if wb.sampling is None:
-            sample = SampleOutput(greedy if greedy is not None else logits.argmax(dim=-1))
+                b: DecoderBatch) -> StepOutput:
+        """b.sampling None means plain greedy for every request: the argmax is the answer."""
+        if b.sampling is None:
+            out = StepOutput(greedy if greedy is not None else logits.argmax(dim=-1))
         else:
-            sample = self.sampler(logits, wb.sampling)
-        return ForwardOutput(sample=sample, logits=logits.float() if self.keep_logits else None)
+            out = self.sampler(logits, b.sampling)
+        if self.keep_logits:
+            out.logits = logits.float()
+        return out

@@ -4,7 +4,7 @@ index only, never on the batch the request happens to share)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,21 +14,64 @@ _M32 = 0xFFFFFFFF
 
 
 @dataclass
-class SampleOutput:
+class StepOutput:
+    """One decoder step's result, from the sampler to the scheduler: the only step output type.
+
+    The tensors are on the device (`next_token_ids` is the next decode step's input);
+    `copy_to_host` queues their copy to pinned host memory without waiting, and `wait` blocks
+    until it has landed and sets the host lists (`token_ids`, `token_logprobs`, `top`)."""
+
     next_token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor | None = None  # [B] float32, log p of the chosen token
     top_logprob_ids: torch.Tensor | None = None  # [B, K]
     top_logprobs: torch.Tensor | None = None  # [B, K]
+    logits: torch.Tensor | None = field(default=None, repr=False)  # kept for tests only
+    # set by wait()
+    token_ids: list[int] = field(default_factory=list)
+    token_logprobs: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+    _host: tuple = field(default=(), repr=False)
+    _event: torch.cuda.Event | None = field(default=None, repr=False)
+
+    def _tensors(self) -> tuple:
+        return self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs
+
+    def copy_to_host(self) -> StepOutput:
+        if not self.next_token_ids.is_cuda:
+            self._host = self._tensors()
+            return self
+
+        def pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
+                t, non_blocking=True)
+
+        self._host = tuple(pinned(t) for t in self._tensors())
+        self._event = torch.cuda.Event()
+        self._event.record()
+        return self
+
+    def wait(self) -> StepOutput:
+        if self._event is not None:
+            self._event.synchronize()
+        ids, logprobs, top_ids, top_vals = self._host or self._tensors()
+        self.token_ids = ids.tolist()
+        if logprobs is not None:
+            self.token_logprobs = logprobs.tolist()
+        if top_vals is not None:
+            self.top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+        return self
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> SampleOutput:
+    def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
         logits = logits.float()
         if sb.penalty_ids is not None:
             logits = _apply_penalties(logits, sb)
         if sb.banned_rows is not None:
             logits[sb.banned_rows, sb.banned_cols] = float("-inf")
-        out = SampleOutput(next_token_ids=self._sample(logits, sb))
+        out = StepOutput(next_token_ids=self._sample(logits, sb))
         if sb.want_logprobs:
             logprobs = torch.log_softmax(logits, dim=-1)
             out.logprobs = logprobs.gather(1, out.next_token_ids[:, None]).squeeze(1)

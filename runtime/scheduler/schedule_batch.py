@@ -1,7 +1,7 @@
 """ScheduleBatch: the scheduler's CPU-side view of one forward over many requests.
 
 It knows the pools (through RequestMemory), never the model. Building one assigns KV slots to
-the tokens it will compute and lays the batch out for the worker (ModelWorkerBatch).
+the tokens it will compute and lays the batch out for the worker (DecoderBatch).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from seq2serve.encoders.encoder_input import span_at
-from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.attention.forward_batch import DecoderInputs, ForwardMode
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
-from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
+from seq2serve.runtime.executor.worker_batch import DecoderBatch
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 
@@ -22,7 +22,7 @@ from seq2serve.runtime.scheduler.request_memory import RequestMemory
 class ScheduleBatch:
     forward_mode: ForwardMode
     reqs: list[Req]
-    worker_batch: ModelWorkerBatch
+    worker_batch: DecoderBatch
 
     @property
     def batch_size(self) -> int:
@@ -47,19 +47,17 @@ class ScheduleBatch:
         kv_start = kv_end = None
         if any(r.cross_spans is not None for r in reqs):
             kv_start, kv_end = _cross_ranges(reqs, new)
-        wb = ModelWorkerBatch(
-            forward_mode=ForwardMode.EXTEND,
+        wb = DecoderBatch(ForwardMode.EXTEND, DecoderInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=torch.cat(positions),
             out_cache_loc=torch.cat(locs),
+            cross_kv_start=kv_start,
+            cross_kv_end=kv_end,
             req_pool_indices=[r.req_pool_idx for r in reqs],
             seq_lens=[r.seq_len for r in reqs],
             extend_lens=extend_lens,
             encoder_lens=[r.encoder_len for r in reqs],
-            sampling=sampling,
-            cross_kv_start=kv_start,
-            cross_kv_end=kv_end,
-        )
+        ), sampling)
         return cls(ForwardMode.EXTEND, reqs, wb)
 
 
@@ -82,19 +80,17 @@ def decode_batch(reqs: list[Req], memory: RequestMemory,
                 0, r.encoder_len)
             starts.append(s)
             ends.append(e)
-    wb = ModelWorkerBatch(
-        forward_mode=ForwardMode.DECODE,
+    wb = DecoderBatch(ForwardMode.DECODE, DecoderInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         out_cache_loc=torch.tensor(locs, dtype=torch.int64),
+        cross_kv_start=torch.tensor(starts, dtype=torch.int32) if ranged else None,
+        cross_kv_end=torch.tensor(ends, dtype=torch.int32) if ranged else None,
         req_pool_indices=[r.req_pool_idx for r in reqs],
         seq_lens=[r.kv_len for r in reqs],
         extend_lens=[1] * len(reqs),
         encoder_lens=[r.encoder_len for r in reqs],
-        sampling=sampling,
-        cross_kv_start=torch.tensor(starts, dtype=torch.int32) if ranged else None,
-        cross_kv_end=torch.tensor(ends, dtype=torch.int32) if ranged else None,
-    )
+    ), sampling)
     return ScheduleBatch(ForwardMode.DECODE, reqs, wb)
 
 

@@ -24,9 +24,10 @@ from seq2serve.encoders.encoder_stage import EncoderStage
 from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
-from seq2serve.runtime.executor.worker import GenerationResult, ModelWorker, PendingResult
-from seq2serve.runtime.executor.worker_batch import ModelWorkerBatch
+from seq2serve.runtime.executor.worker import ModelWorker
+from seq2serve.runtime.executor.worker_batch import DecoderBatch, EncodeBatch
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
@@ -49,7 +50,7 @@ class _InFlight:
     """A batch launched on the device whose sampled tokens the host has not processed yet."""
 
     batch: ScheduleBatch
-    pending: PendingResult
+    pending: StepOutput  # its copy to the host queued
 
 
 class Executor(Protocol):
@@ -61,10 +62,11 @@ class Executor(Protocol):
     token_to_kv_pool: TokenToKVPool
     cross_kv_pool: CrossKVPool | None
 
-    def launch(self, wb: ModelWorkerBatch) -> PendingResult:
-        """Start an EXTEND or DECODE forward; returns before the device is done."""
+    def launch(self, batch: DecoderBatch) -> StepOutput:
+        """Start an EXTEND or DECODE forward; returns before the device is done, with the
+        output's copy to the host queued (`StepOutput.wait`)."""
 
-    def forward_encode(self, wb: ModelWorkerBatch) -> torch.Tensor | None:
+    def forward_encode(self, batch: EncodeBatch) -> torch.Tensor | None:
         """Write the cross K/V of an ENCODE batch; returns the new encoder outputs, packed."""
 
 
@@ -230,7 +232,7 @@ class Scheduler:
                 where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
                 order = [where.get(id(r), -1) for r in reqs]
             if reqs and -1 not in order and self.memory.make_room(need):
-                ids = prev.pending.device_ids
+                ids = prev.pending.next_token_ids
                 if order != list(range(len(prev.batch.reqs))):
                     ids = ids[torch.tensor(order, device=ids.device)]
                 self.in_flight = self._launch(ForwardMode.DECODE, reqs, input_ids=ids,
@@ -323,16 +325,16 @@ class Scheduler:
 
     def _resolve(self, f: _InFlight) -> list[TokenOutput]:
         start = time.perf_counter()
-        result = f.pending.result()
+        result = f.pending.wait()
         self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
         return self._process(f.batch, result)
 
-    def _process(self, batch: ScheduleBatch, result: GenerationResult) -> list[TokenOutput]:
+    def _process(self, batch: ScheduleBatch, result: StepOutput) -> list[TokenOutput]:
         """Append each request's new token and check its stop conditions. Streaming requests
         get an output every step; the others one output, with everything, when they finish."""
         outputs = []
         now = time.monotonic()
-        ids = result.next_token_ids
+        ids = result.token_ids
         for i, req in enumerate(batch.reqs):
             if req.finished:  # finished (or aborted) while this step was in flight
                 continue
@@ -341,11 +343,11 @@ class Scheduler:
             if req.first_token_time is None:
                 req.first_token_time = now
             logprobs = top = None
-            if req.return_logprob and result.logprobs is not None:
-                logprobs = [result.logprobs[i]]
+            if req.return_logprob and result.token_logprobs is not None:
+                logprobs = [result.token_logprobs[i]]
                 req.output_logprobs += logprobs
                 if req.top_logprobs_num:
-                    top = [result.top_logprobs[i][: req.top_logprobs_num]]
+                    top = [result.top[i][: req.top_logprobs_num]]
                     req.output_top_logprobs += top
             req.check_finished(self.eos_ids, self._decode_tail)
             if req.finished:
