@@ -14,6 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from seq2serve.models import registry
+from seq2serve.models.ops import TorchOps, ops_for, use_ops
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,10 @@ def checkpoint_files(model_dir: str) -> list[str]:
 
 
 def load_model(model_config, device: str, dtype: torch.dtype,
-               load_format: str = "safetensors") -> nn.Module:
+               load_format: str = "safetensors", ops: TorchOps | None = None) -> nn.Module:
     """Build the model and fill it: from the checkpoint, or with random values of sane scale
-    (load_format "dummy": benchmarks of real shapes without weights on disk)."""
+    (load_format "dummy": benchmarks of real shapes without weights on disk). Its layers
+    compute through `ops` (models/ops.py), by default the device's: chosen here, once."""
     cls = registry.model_class(model_config.architecture)
     if load_format == "safetensors":
         files = checkpoint_files(model_config.model_path)  # fail before allocating anything
@@ -59,6 +61,7 @@ def load_model(model_config, device: str, dtype: torch.dtype,
         load_weights(model, files)
     if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
         model.init_buffers()
+    use_ops(model, ops if ops is not None else ops_for(device))
     return model.eval()
 
 

@@ -103,15 +103,16 @@ def _decode_tour(dtype: torch.dtype) -> None:
 def _fused_ops_tour(dtype: torch.dtype) -> None:
     """The ops the models use only on CUDA (norms, gated activations, the one-row GEMVs, the
     KV store), at the widths of the real shapes."""
+    from seq2serve.runtime.kernels.activations import ACTIVATIONS
     from seq2serve.runtime.kernels.triton_gemv import MAX_M, gated_gemv, gemv, norm_gemv
     from seq2serve.runtime.kernels.triton_kv_store import store_kv
-    from seq2serve.runtime.kernels.triton_ops import FUSED_ACTIVATIONS, gated_activation, rmsnorm
+    from seq2serve.runtime.kernels.triton_ops import gated_activation, rmsnorm
 
     for n in (1024, 2048, 4096):
         x, res, w = (torch.randn(2, n).to(dtype) for _ in range(3))
         rmsnorm(x, w[0], 1e-6)
         rmsnorm(x, w[0], 1e-6, residual=res)
-    for act in FUSED_ACTIVATIONS:
+    for act in ACTIVATIONS:
         gated_activation(torch.randn(2, 64).to(dtype), act)
     for heads, dim in [(16, 64), (8, 128)]:
         k, v = (torch.randn(3, heads, dim).to(dtype) for _ in range(2))
@@ -125,6 +126,8 @@ def _fused_ops_tour(dtype: torch.dtype) -> None:
     gemv(x, w, b, **blocks)
     norm_gemv(x, norm_w, 1e-6, w, **blocks)
     norm_gemv(x, norm_w, 1e-6, w, None, res, **blocks)
+    x, res, norm_w = (torch.randn(*shape).to(dtype) for shape in [(MAX_M, 4096)] * 2 + [(4096,)])
+    norm_gemv(x, norm_w, 1e-6, torch.randn(8, 4096).to(dtype), None, res, **blocks)  # whole rows
     for act in ("silu", "gelu_new"):
         gated_gemv(torch.randn(1, 128).to(dtype), act, w, **blocks)
 

@@ -1,7 +1,8 @@
 """Decoder-only Llama (3.x): pre-norm blocks of GQA self-attention with RoPE and a SwiGLU MLP.
 
 `LlamaDecoderLayer` is shared with Mllama's text model, which interleaves it with gated
-cross-attention layers.
+cross-attention layers. Layers pass on (x, h), the residual stream and their last sublayer's
+output not yet added to it: the next layer's first norm does the add (models/block.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from seq2serve.models.attention import Attention
+from seq2serve.models.block import pre_norm
 from seq2serve.models.linear import Linear
 from seq2serve.models.llama.config import LlamaConfig
 from seq2serve.models.llama.weights import hf_to_param
@@ -37,7 +39,11 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(AttentionKind.SELF, layer_id, h, kvh, d, scaling=d**-0.5)
 
     def forward(self, x: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.attend(self.qkv_proj(x), rope, fb)
+
+    def attend(self, qkv: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
+        """The sublayer's output from its q/k/v projection."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         d = self.attn.head_dim
         q, k = apply_rotary(q.view(-1, self.attn.num_heads, d),
                             k.view(-1, self.attn.num_kv_heads, d), *rope)
@@ -52,10 +58,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
-    def forward(self, x: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), rope, fb)
-        normed, x = self.post_attention_layernorm(h, residual=x)
-        return x + self.mlp(normed)
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None, rope: Rope,
+                fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, h) -> (x', h'): h is the layer before's output, None before the first layer."""
+        qkv, x = pre_norm(self.input_layernorm, x, h, self.self_attn.qkv_proj)
+        h = self.self_attn.attend(qkv, rope, fb)
+        gate_up, x = pre_norm(self.post_attention_layernorm, x, h, self.mlp.in_proj)
+        return x, self.mlp.after_in_proj(gate_up)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -74,11 +83,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, h = self.embed_tokens(input_ids), None
         rope = self.rotary(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, rope, fb)
-        return self.norm(x)
+            x, h = layer(x, h, rope, fb)
+        return pre_norm(self.norm, x, h)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

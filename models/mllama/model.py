@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from seq2serve.models.attention import Attention
+from seq2serve.models.block import pre_norm
 from seq2serve.models.linear import Linear
 from seq2serve.models.llama.model import LlamaDecoderLayer
 from seq2serve.models.mllama.config import MllamaConfig
@@ -49,12 +50,17 @@ class MllamaCrossAttention(nn.Module):
         self.attn.store_cross_kv(k, v, fb)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        q = self.q_norm(self.q_proj(x).view(-1, self.attn.num_heads, self.attn.head_dim))
+        return self.attend(self.q_proj(x), fb)
+
+    def attend(self, q: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """The sublayer's output from its q projection."""
+        q = self.q_norm(q.view(-1, self.attn.num_heads, self.attn.head_dim))
         return self.o_proj(self.attn(q, None, None, fb))
 
 
 class MllamaCrossAttentionLayer(nn.Module):
-    """Cross-attention and an MLP, each tanh-gated; rows without an image pass through."""
+    """Cross-attention and an MLP, each tanh-gated; rows without an image pass through. Takes
+    and returns (x, h) as LlamaDecoderLayer does."""
 
     def __init__(self, cfg: MllamaConfig, cross_id: int) -> None:
         super().__init__()
@@ -66,11 +72,14 @@ class MllamaCrossAttentionLayer(nn.Module):
         self.mlp = GatedMLP(t.hidden_size, t.intermediate_size, t.hidden_act)
         self.cross_attn_mlp_gate = nn.Parameter(torch.empty(1), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch, has_image: torch.Tensor) -> torch.Tensor:
-        h = self.cross_attn(self.input_layernorm(x), fb) * has_image
-        x = x + self.cross_attn_attn_gate.tanh() * h
-        h = self.mlp(self.post_attention_layernorm(x)) * has_image
-        return x + self.cross_attn_mlp_gate.tanh() * h
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None, fb: ForwardBatch,
+                has_image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, x = pre_norm(self.input_layernorm, x, h, self.cross_attn.q_proj)
+        h = self.cross_attn.attend(q, fb) * has_image
+        gate_up, x = pre_norm(self.post_attention_layernorm, x,
+                              self.cross_attn_attn_gate.tanh() * h, self.mlp.in_proj)
+        h = self.mlp.after_in_proj(gate_up) * has_image
+        return x, self.cross_attn_mlp_gate.tanh() * h
 
 
 class MllamaForConditionalGeneration(nn.Module):
@@ -115,15 +124,15 @@ class MllamaForConditionalGeneration(nn.Module):
     # --- the text model ----------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, h = self.embed_tokens(input_ids), None
         rope = self.rotary(positions, x.dtype)
         has_image = self._rows_with_images(fb, x)
         for layer in self.layers:
             if isinstance(layer, MllamaCrossAttentionLayer):
-                x = layer(x, fb, has_image)
+                x, h = layer(x, h, fb, has_image)
             else:
-                x = layer(x, rope, fb)
-        return self.norm(x)
+                x, h = layer(x, h, rope, fb)
+        return pre_norm(self.norm, x, h)[0]
 
     @staticmethod
     def _rows_with_images(fb: ForwardBatch, x: torch.Tensor) -> torch.Tensor:

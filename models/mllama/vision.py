@@ -16,7 +16,7 @@ from torch import nn
 
 from seq2serve.models.linear import Linear
 from seq2serve.models.mllama.config import MllamaVisionConfig
-from seq2serve.models.mlp import ACTIVATIONS
+from seq2serve.runtime.kernels.activations import torch_activation
 
 
 class AspectRatioEmbedding(nn.Module):
@@ -86,7 +86,7 @@ class VisionLayer(nn.Module):
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
         self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
-        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.act = torch_activation(cfg.hidden_act)
         self.gated = gated
         if gated:
             self.gate_attn = nn.Parameter(torch.empty(1), requires_grad=False)

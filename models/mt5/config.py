@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
+from seq2serve.runtime.kernels.activations import ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class T5Config:
     relative_attention_num_buckets: int
     relative_attention_max_distance: int
     layer_norm_epsilon: float
-    activation: str  # a name in _ACTIVATIONS
+    activation: str  # a name in activations.ACTIVATIONS
     is_gated: bool  # gated feed-forward (wi_0, wi_1) vs plain (wi)
     tie_word_embeddings: bool  # lm_head shares the embedding unless the checkpoint carries one
     scale_decoder_outputs: bool  # multiply the decoder output by d_model**-0.5 before lm_head
@@ -36,7 +36,7 @@ class T5Config:
         if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
             raise ValueError(f"config.json: feed_forward_proj {ff!r} is not 'gated-ACT' or 'ACT'")
         activation = "gelu_new" if ff == "gated-gelu" else parts[-1]
-        if activation not in _ACTIVATIONS:
+        if activation not in ACTIVATIONS:
             raise ValueError(f"config.json: unsupported activation {activation!r} in {ff!r}")
         tie = cfg.get("tie_word_embeddings", True)
         # transformers 5 writes scale_decoder_outputs explicitly; older configs imply it by tying

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from seq2serve.models.attention import Attention
-from seq2serve.models.linear import Linear, norm_linear
+from seq2serve.models.block import pre_norm
+from seq2serve.models.linear import Linear
 from seq2serve.models.mlp import MLP, GatedMLP
 from seq2serve.models.mt5.config import T5Config
 from seq2serve.models.mt5.relative_position import RelativePositionBias
@@ -33,23 +34,13 @@ def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _add_norm(norm: RMSNorm, x: torch.Tensor, h: torch.Tensor):
-    """(norm(x + h), x + h); fused into one kernel except in float16, where T5 clamps the
-    residual stream after every add."""
-    if x.dtype == torch.float16:
-        x = _clamp_fp16(x + h)
-        return norm(x), x
-    return norm(h, residual=x)
-
-
-def _norm_linear(norm: RMSNorm, linear: Linear, x: torch.Tensor, h: torch.Tensor | None):
-    """(linear(norm(x + h)), x + h) (h None: nothing to add); at batch 1 on CUDA, one GEMV
-    kernel with the add and the norm in its prologue (not in float16: see _add_norm)."""
-    if x.dtype == torch.float16:
-        if h is not None:
-            x = _clamp_fp16(x + h)
-        return linear(norm(x)), x
-    return norm_linear(norm, linear, x, h)
+def _pre_norm(norm: RMSNorm, x: torch.Tensor, h: torch.Tensor | None,
+              proj: Linear | None = None):
+    """block.pre_norm, (proj(norm(x + h)), x + h), but in float16 T5 clamps the residual
+    stream after every add: the add runs (and is clamped) before the norm, not inside it."""
+    if h is not None and x.dtype == torch.float16:
+        x, h = _clamp_fp16(x + h), None
+    return pre_norm(norm, x, h, proj)
 
 
 class T5SelfAttention(nn.Module):
@@ -109,9 +100,10 @@ class T5EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: EncodeForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
-        h = self.self_attn(self.attn_norm(x), fb, bias)
-        normed, x = _add_norm(self.ff_norm, x, h)
-        return _clamp_fp16(x + self.ff(normed))
+        qkv, x = _pre_norm(self.attn_norm, x, None, self.self_attn.qkv)
+        h = self.self_attn.attend(qkv, fb, bias)
+        up, x = _pre_norm(self.ff_norm, x, h, self.ff.in_proj)
+        return _clamp_fp16(x + self.ff.after_in_proj(up))
 
 
 class T5DecoderBlock(nn.Module):
@@ -128,12 +120,12 @@ class T5DecoderBlock(nn.Module):
                 bias: RelativePositionBias) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, h) -> (x', h'): the residual stream and the previous sublayer's output not yet
         added to it (None before the first layer), so that each add joins the next norm and
-        the projection after it (see _norm_linear)."""
-        qkv, x = _norm_linear(self.self_attn_norm, self.self_attn.qkv, x, h)
+        the projection after it (models/block.py)."""
+        qkv, x = _pre_norm(self.self_attn_norm, x, h, self.self_attn.qkv)
         h = self.self_attn.attend(qkv, fb, bias)
-        q, x = _norm_linear(self.cross_attn_norm, self.cross_attn.q, x, h)
+        q, x = _pre_norm(self.cross_attn_norm, x, h, self.cross_attn.q)
         h = self.cross_attn.attend(q, fb)
-        up, x = _norm_linear(self.ff_norm, self.ff.in_proj, x, h)
+        up, x = _pre_norm(self.ff_norm, x, h, self.ff.in_proj)
         return x, self.ff.after_in_proj(up)
 
 
@@ -175,7 +167,7 @@ class T5ForConditionalGeneration(nn.Module):
         x, h = self.shared(input_ids), None
         for layer in self.decoder_layers:
             x, h = layer(x, h, fb, self.decoder_bias)
-        x = _add_norm(self.decoder_norm, x, h)[0]
+        x = _pre_norm(self.decoder_norm, x, h)[0]
         if self.cfg.scale_decoder_outputs:
             x = x * (self.cfg.d_model**-0.5)
         return x

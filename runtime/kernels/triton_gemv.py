@@ -13,12 +13,13 @@ bucket up first); `F.linear` remains the reference and the CPU path.
 What comes before a decoder GEMM is an RMS norm (with the previous sublayer's residual add)
 or a gated activation: each is a tiny kernel whose launch costs as much as the GEMV's own
 work at batch 1, so the GEMV does it itself (`norm_gemv`, `gated_gemv`). Every program
-recomputes it (x is a few KB, read from L2), in the same pass over K as the products: the
-norm's weight multiplies x at once and each row's 1/rms, known at the end, scales its sums
-(float32 throughout, where `RMSNorm` rounds x / rms to the model's dtype first); program 0
-also writes the new residual stream. The gated activation rounds as
-`triton_ops.gated_activation` does. With PDL (runtime/kernels/pdl.py) the first weight chunk is
-loaded before waiting for the kernel before.
+recomputes it (x is a few KB, read from L2). The norm first sums each whole row's squares, as
+`triton_ops.rmsnorm` does, then normalizes each K chunk with the same `rms_scaled` (x / rms
+rounded to the model's dtype before the weight, as Hugging Face rounds), so batch 1 and a
+batch normalize alike; program 0 also writes the new residual stream. The gated activation
+rounds as `triton_ops.gated_activation` does (the same `gated`). With PDL
+(runtime/kernels/pdl.py) the first weight chunk is loaded before waiting for the kernel
+before.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+from seq2serve.runtime.kernels.activations import ACTIVATIONS
 from seq2serve.runtime.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_launch
-from seq2serve.runtime.kernels.triton_ops import FUSED_ACTIVATIONS, activation
+from seq2serve.runtime.kernels.triton_ops import gated, rms_inverse, rms_scaled
 
-MAX_M = 4  # rows of x this kernel takes (Linear sends it only 1: see models/linear.py)
+MAX_M = 4  # rows of x this kernel takes (models/ops.py sends it only 1 by default)
 _PLAIN, _NORM, _GATED = 0, 1, 2  # prologues
 
 
@@ -45,41 +47,55 @@ def _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _chunk(acc, squares, wt, kk, k_ok, rk, rm, pid, x, res, res_out, norm_w, M, K, stride_xm,
-           PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-           M_PAD: tl.constexpr):
-    """Add one K chunk's products to acc [M_PAD, BLOCK_N] (and, for the norm, each row's sum
-    of squares to squares [M_PAD])."""
-    wt = wt.to(tl.float32)
-    if PROLOGUE == 1:
-        nw = tl.load(norm_w + kk, mask=k_ok, other=0.0).to(tl.float32)
+def _row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES: tl.constexpr,
+                  M_PAD: tl.constexpr, ROW_BLOCK: tl.constexpr):
+    """1 / rms of each row of x (+ res) [M_PAD], each whole row summed at once as in
+    `triton_ops.rmsnorm`; program 0 writes the summed rows to res_out."""
+    cols = tl.arange(0, ROW_BLOCK)
+    ok = cols < K
+    rm = tl.arange(0, M_PAD)
+    inverses = tl.zeros((M_PAD,), dtype=tl.float32)
     for m in tl.static_range(M_PAD):
         row = tl.minimum(m, M - 1)  # padding rows repeat the last one; never stored
-        if PROLOGUE == 1:  # weight * x now, the row's 1/rms once it is known (at the end)
+        v = _summed(x, res, row, cols, ok, stride_xm, HAS_RES)
+        if HAS_RES:  # (conditions as vectors: the interpreter wants them so)
+            first = ((cols * 0 + pid) == 0) & ((cols * 0 + row) == m)
+            tl.store(res_out + row * stride_xm + cols, v.to(res_out.dtype.element_ty),
+                     mask=ok & first)
+        inverses = tl.where(rm == m, rms_inverse(v, K, eps), inverses)
+    return inverses
+
+
+@triton.jit
+def _chunk(acc, inverses, wt, kk, k_ok, rm, x, res, norm_w, M, K, stride_xm,
+           PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+           M_PAD: tl.constexpr):
+    """Add one K chunk's products to acc [M_PAD, BLOCK_N]."""
+    wt = wt.to(tl.float32)
+    if PROLOGUE == 1:
+        nw = tl.load(norm_w + kk, mask=k_ok, other=0.0)
+    for m in tl.static_range(M_PAD):
+        row = tl.minimum(m, M - 1)  # padding rows repeat the last one; never stored
+        if PROLOGUE == 1:  # weight * x / rms, rounded as triton_ops.rmsnorm rounds it
             v = _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES)
-            if HAS_RES:  # program 0 writes the summed rows (conditions as vectors: the
-                # interpreter wants them so)
-                first = ((rk * 0 + pid) == 0) & ((rk * 0 + row) == m)
-                tl.store(res_out + row * stride_xm + kk, v.to(res_out.dtype.element_ty),
-                         mask=k_ok & first)
-            squares += tl.where(rm == m, tl.sum(v * v, 0), 0.0)
-            xm = v * nw
+            inv = tl.sum(tl.where(rm == m, inverses, 0.0), 0)
+            xm = rms_scaled(v, inv, nw).to(tl.float32)
         elif PROLOGUE == 2:  # act(gate) * up, x = [gate | up] of 2K columns
             g = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
             u = tl.load(x + row * stride_xm + K + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xm = (activation(g, ACT) * u).to(x.dtype.element_ty).to(tl.float32)
+            xm = gated(g, u, ACT, x.dtype.element_ty)
         else:
             xm = tl.load(x + row * stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
         part = tl.sum(wt * xm[None, :], axis=1)  # [BLOCK_N]
         acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
-    return acc, squares
+    return acc
 
 
 @triton.jit
 def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_wn, stride_om,
                  eps, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
-                 ACT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                 ACT: tl.constexpr, M_PAD: tl.constexpr, ROW_BLOCK: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     if PDL:
         gdc_launch_dependents()
@@ -92,18 +108,19 @@ def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_
     wt = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < K)[None, :], other=0.0)
     if PDL:
         gdc_wait()  # x (and everything we write) belongs to the kernels before us
+    inverses = tl.zeros((M_PAD,), dtype=tl.float32)
+    if PROLOGUE == 1:
+        inverses = _row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES, M_PAD,
+                                 ROW_BLOCK)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    squares = tl.zeros((M_PAD,), dtype=tl.float32)
-    acc, squares = _chunk(acc, squares, wt, rk, rk < K, rk, rm, pid, x, res, res_out, norm_w,
-                          M, K, stride_xm, PROLOGUE, HAS_RES, ACT, M_PAD)
+    acc = _chunk(acc, inverses, wt, rk, rk < K, rm, x, res, norm_w, M, K, stride_xm,
+                 PROLOGUE, HAS_RES, ACT, M_PAD)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         kk = k0 + rk
         k_ok = kk < K
         wt = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc, squares = _chunk(acc, squares, wt, kk, k_ok, rk, rm, pid, x, res, res_out, norm_w,
-                              M, K, stride_xm, PROLOGUE, HAS_RES, ACT, M_PAD)
-    if PROLOGUE == 1:
-        acc = acc * tl.rsqrt(squares / K + eps)[:, None]
+        acc = _chunk(acc, inverses, wt, kk, k_ok, rm, x, res, norm_w, M, K, stride_xm,
+                     PROLOGUE, HAS_RES, ACT, M_PAD)
     if HAS_BIAS:
         acc += tl.load(b + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(out + rm[:, None] * stride_om + rn[None, :], acc.to(out.dtype.element_ty),
@@ -138,7 +155,9 @@ def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | 
             unused if residual is None else residual, unused if res_out is None else res_out,
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), eps)
     meta = dict(HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
-                ACT=FUSED_ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m), PDL=pdl_enabled(),
+                ACT=ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m),
+                ROW_BLOCK=triton.next_power_of_2(k) if prologue == _NORM else 1,
+                PDL=pdl_enabled(),
                 **pdl_launch())
     if block_n is None:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
@@ -159,8 +178,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
               bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
               block_n: int | None = None, block_k: int | None = None):
-    """(RMSNorm(x + residual) @ weight.T + bias, x + residual): `RMSNorm(...)(x, residual)`
-    and the GEMV in one kernel. Without `residual`, the second item is x itself."""
+    """(rmsnorm(x + residual) @ weight.T + bias, x + residual): `triton_ops.rmsnorm` (same
+    rounding) and the GEMV in one kernel. Without `residual`, the second item is x itself."""
     out, summed = _launch(x, x.shape[-1], weight, bias, _NORM, block_n, block_k,
                           norm_weight=norm_weight, eps=eps, residual=residual)
     return out, (x if summed is None else summed)

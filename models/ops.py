@@ -1,0 +1,133 @@
+"""The models' compute ops (RMS norm, linear, the gated activation, and their fusions) and the
+one place that picks how they run.
+
+A layer never asks where it runs: it calls `self.ops`, which `use_ops` sets for the whole
+model once, at load (models/loader.py, by device). `TorchOps` is plain PyTorch: the reference,
+rounding as Hugging Face does, and the CPU path. `TritonOps` runs the fused kernels of
+runtime/kernels, which round norms and gated activations as the reference does (x / rms cast
+to the model's dtype before the weight multiply). Its one choice per call is by row count:
+a GEMM of at most `gemv_max_m` rows (SEQ2SERVE_GEMV_MAX_M, default 1: the Triton GEMV beats
+cuBLAS at 1 row on every mT5-large shape and loses at 2-4, benchmarks/bench_gemv.py) goes to
+the GEMV with the op before it in its prologue, more rows to cuBLAS.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seq2serve.runtime.kernels.activations import torch_activation
+
+
+class TorchOps:
+    """Plain PyTorch: the reference every other implementation rounds like."""
+
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None):
+        """weight * x / rms(x), variance in float32 and x / rms cast to the weight's dtype
+        before the weight multiply (HF's T5LayerNorm and LlamaRMSNorm). With `residual`:
+        (norm(x + residual), x + residual), the residual add of the sublayer before."""
+        if residual is not None:
+            x = x + residual
+            return self.rms_norm(x, weight, eps), x
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return weight * (x.float() * torch.rsqrt(variance + eps)).to(weight.dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    def norm_linear(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    residual: torch.Tensor | None = None):
+        """(linear(rms_norm(x + residual)), x + residual); without `residual`, (..., x)."""
+        if residual is None:
+            return self.linear(self.rms_norm(x, norm_weight, eps), weight, bias), x
+        normed, x = self.rms_norm(x, norm_weight, eps, residual)
+        return self.linear(normed, weight, bias), x
+
+    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) * up for gate_up = [gate | up] along the last dim."""
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        return torch_activation(activation)(gate) * up
+
+    def gated_linear(self, gate_up: torch.Tensor, activation: str, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+        """linear(gated(gate_up)): a gated MLP's down projection."""
+        return self.linear(self.gated(gate_up, activation), weight, bias)
+
+
+class TritonOps(TorchOps):
+    """The Triton kernels (CUDA; on the CPU under TRITON_INTERPRET=1, for tests).
+    `gemv_blocks` (block_n, block_k) fixes the GEMV's tile instead of autotuning it (the
+    interpreter cannot time anything)."""
+
+    name = "triton"
+
+    def __init__(self, gemv_max_m: int | None = None,
+                 gemv_blocks: tuple[int, int] | None = None) -> None:
+        from seq2serve.runtime.kernels import triton_gemv, triton_ops
+
+        self._k, self._gemv = triton_ops, triton_gemv
+        if gemv_max_m is None:
+            gemv_max_m = int(os.environ.get("SEQ2SERVE_GEMV_MAX_M", "1"))
+        self.gemv_max_m = gemv_max_m  # 0: always cuBLAS
+        block_n, block_k = gemv_blocks or (None, None)
+        self._blocks = {"block_n": block_n, "block_k": block_k}
+
+    def _gemv_rows(self, x: torch.Tensor) -> bool:
+        """Whether these rows go to the GEMV (the one per-call choice)."""
+        return x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        out = self._k.rmsnorm(_rows(x), weight, eps, None if residual is None else _rows(residual))
+        if residual is None:
+            return out.view(x.shape)
+        return out[0].view(x.shape), out[1].view(x.shape)
+
+    def linear(self, x, weight, bias=None):
+        if self._gemv_rows(x):
+            return self._gemv.gemv(x, weight, bias, **self._blocks)
+        return F.linear(x, weight, bias)
+
+    def norm_linear(self, x, norm_weight, eps, weight, bias=None, residual=None):
+        if self._gemv_rows(x):
+            return self._gemv.norm_gemv(x, norm_weight, eps, weight, bias, residual,
+                                        **self._blocks)
+        return super().norm_linear(x, norm_weight, eps, weight, bias, residual)
+
+    def gated(self, gate_up, activation):
+        return self._k.gated_activation(_rows(gate_up), activation).view(*gate_up.shape[:-1], -1)
+
+    def gated_linear(self, gate_up, activation, weight, bias=None):
+        if self._gemv_rows(gate_up):
+            return self._gemv.gated_gemv(gate_up, activation, weight, bias, **self._blocks)
+        return super().gated_linear(gate_up, activation, weight, bias)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: [rows, last dim] with unit column stride."""
+    x = x.reshape(-1, x.shape[-1])
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+REFERENCE = TorchOps()  # what a layer uses until use_ops says otherwise
+
+
+def ops_for(device: str | torch.device) -> TorchOps:
+    """The Triton kernels on CUDA, PyTorch elsewhere."""
+    return TritonOps() if torch.device(device).type == "cuda" else REFERENCE
+
+
+def use_ops(model: nn.Module, ops: TorchOps) -> nn.Module:
+    """Make every layer of `model` that computes through `ops` (those whose class declares
+    an `ops` attribute) use these."""
+    for module in model.modules():
+        if isinstance(getattr(type(module), "ops", None), TorchOps):
+            module.ops = ops
+    return model
