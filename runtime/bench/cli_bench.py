@@ -81,6 +81,14 @@ def _hardware(mc, dtype_bytes: int) -> dict:
             decoder_step_bytes(mc.arch, dtype_bytes)}
 
 
+def _steps(r: dict) -> str:
+    """A forward's wall time next to the device's busy time in it (CUDA only)."""
+    if not r["device_busy_ms_per_step"]:
+        return f"{r['step_ms']:.2f} ms/forward"
+    return (f"{r['step_ms']:.2f} ms/forward, device busy {r['device_busy_ms_per_step']:.2f} "
+            f"({r['device_busy_share']:.0%})")
+
+
 def _offline(args) -> dict:
     from seq2serve.runtime.bench.engine_bench import bench_engine
 
@@ -94,7 +102,7 @@ def _offline(args) -> dict:
         r["concurrency"] = c
         results["seq2serve"].append(r)
         print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s  "
-              f"({r['decode_steps']} forwards, host waiting for the device "
+              f"({r['decode_steps']} forwards, {_steps(r)}, host waiting for the device "
               f"{r['host_waiting_share']:.0%} of the time, encoder "
               f"{r['encoder_seconds']:.2f} s)", flush=True)
     if args.baseline == "hf":
@@ -115,7 +123,7 @@ def _one_batch(args) -> dict:
             r = bench_one_batch(engine, reqs, args.output_len)
         results["seq2serve"].append(r)
         print(f"seq2serve  batch {b:4d}: {r['ms_per_token']:.3f} ms/token, "
-              f"TTFT {r['ttft_ms']:.1f} ms", flush=True)
+              f"TTFT {r['ttft_ms']:.1f} ms ({_steps(r)})", flush=True)
     results["hardware"] = _hardware(mc, 2)
     hw = results["hardware"]
     if hw:

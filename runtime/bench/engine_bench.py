@@ -27,12 +27,22 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int) -> dict:
     device_bound = (after["host_wait_seconds"] - before["host_wait_seconds"]) / elapsed
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     ttfts = sorted(o["meta_info"].get("scheduler_ttft", 0.0) for o in outs)
+    steps = after["forwards"] - before["forwards"]
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
-            "decode_steps": after["forwards"] - before["forwards"],
+            "decode_steps": steps, **_step_times(before, after, elapsed, steps),
             "encoder_seconds": after["encoder_seconds"] - before["encoder_seconds"],
             "host_waiting_share": device_bound,
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
+
+
+def _step_times(before: dict, after: dict, elapsed: float, steps: int) -> dict:
+    """Per forward: the wall time, and the device's busy time (CUDA events; 0 on a CPU).
+    Their gap is time the device sat idle, waiting for the host."""
+    device = after["device_busy_seconds"] - before["device_busy_seconds"]
+    return {"step_ms": 1e3 * elapsed / max(steps, 1),
+            "device_busy_ms_per_step": 1e3 * device / max(steps, 1),
+            "device_busy_share": device / elapsed if elapsed else 0.0}
 
 
 def bench_one_batch(engine, reqs: list[BenchRequest], output_len: int) -> dict:
@@ -42,10 +52,15 @@ def bench_one_batch(engine, reqs: list[BenchRequest], output_len: int) -> dict:
     engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
                     sampling_params=sp)  # warm-up
     engine.flush_cache()
+    before = engine.stats()
+    start = time.perf_counter()
     outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
                            sampling_params=sp)
+    elapsed = time.perf_counter() - start
+    after = engine.stats()
     # the scheduler's clock: first token to last, over the tokens after the first
     per_token = [o["meta_info"]["decode_seconds"] / (output_len - 1) for o in outs]
+    steps = after["forwards"] - before["forwards"]
     return {"batch_size": len(reqs),
             "ttft_ms": max(o["meta_info"]["scheduler_ttft"] for o in outs) * 1e3,
-            "ms_per_token": max(per_token) * 1e3}
+            "ms_per_token": max(per_token) * 1e3, **_step_times(before, after, elapsed, steps)}

@@ -130,8 +130,10 @@ class CudaGraphRunner:
             self.host[i, start:end] = self.pad[name]
 
     @torch.inference_mode()
-    def replay(self, wb: DecoderBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [bs, vocab], greedy ids [bs]) of a decode batch."""
+    def replay(self, wb: DecoderBatch, started: torch.cuda.Event | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [bs, vocab], greedy ids [bs]) of a decode batch. `started` is recorded just
+        before the step's first device work (the input copy)."""
         bs = wb.batch_size
         bucket = next(b for b in self.buckets if b >= bs)
         self.host = self.hosts[1] if self.host is self.hosts[0] else self.hosts[0]
@@ -140,6 +142,8 @@ class CudaGraphRunner:
             if value is not None:
                 self.host[i, :bs] = torch.as_tensor(value)
         self._fill_padding(bs, bucket)
+        if started is not None:
+            started.record()
         self.dev[:, :bucket].copy_(self.host[:, :bucket], non_blocking=True)
         if wb.input_ids_device is not None:  # sampled by the step before, never on the host
             self.dev[self.row["input_ids"], :bs].copy_(wb.input_ids_device)

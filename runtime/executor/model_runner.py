@@ -118,15 +118,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, b: DecoderBatch) -> StepOutput:
+        # timing: the device reaches this event when done with the step before
+        started = torch.cuda.Event(enable_timing=True) if self.device.startswith("cuda") else None
         if self.graph_runner is not None:
             if self.graph_runner.can_run(b):
-                logits, greedy = self.graph_runner.replay(b)
-                return self._sample(logits, greedy, b)
+                logits, greedy = self.graph_runner.replay(b, started)
+                return self._sample(logits, greedy, b, started)
             if self.graph_runner.can_run_prefill(b):
                 rows, last = decode_rows(b)
-                logits, greedy = self.graph_runner.replay(rows)
+                logits, greedy = self.graph_runner.replay(rows, started)
                 last = last.to(logits.device, non_blocking=True)
-                return self._sample(logits[last], greedy[last], b)
+                return self._sample(logits[last], greedy[last], b, started)
+        if started is not None:
+            started.record()
         fb = to_forward_batch(b, self.device, self.pools, self.attn_backend)
         # record where each new token's K/V goes, once for the whole batch
         rows = fb.req_pool_indices.repeat_interleave(fb.extend_lens.long())
@@ -135,10 +139,10 @@ class ModelRunner:
         hidden = self.model(fb.input_ids, fb.positions, fb)
         last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
         logits = self.model.compute_logits(hidden[last])
-        return self._sample(logits, None, b)
+        return self._sample(logits, None, b, started)
 
-    def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None,
-                b: DecoderBatch) -> StepOutput:
+    def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, b: DecoderBatch,
+                started: torch.cuda.Event | None = None) -> StepOutput:
         """b.sampling None means plain greedy for every request: the argmax is the answer."""
         if b.sampling is None:
             out = StepOutput(greedy if greedy is not None else logits.argmax(dim=-1))
@@ -146,4 +150,5 @@ class ModelRunner:
             out = self.sampler(logits, b.sampling)
         if self.keep_logits:
             out.logits = logits.float()
+        out.started = started
         return out

@@ -30,13 +30,18 @@ class StepOutput:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
+    device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
     _host: tuple = field(default=(), repr=False)
     _event: torch.cuda.Event | None = field(default=None, repr=False)
+    started: torch.cuda.Event | None = field(default=None, repr=False)
 
     def _tensors(self) -> tuple:
         return self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs
 
     def copy_to_host(self) -> StepOutput:
+        """Queue the copy. With a `started` event (the model runner records one just before
+        the step's first device work), the device time from it to the copy's end becomes
+        `device_seconds` (the device reaches it only when done with the step before)."""
         if not self.next_token_ids.is_cuda:
             self._host = self._tensors()
             return self
@@ -48,13 +53,15 @@ class StepOutput:
                 t, non_blocking=True)
 
         self._host = tuple(pinned(t) for t in self._tensors())
-        self._event = torch.cuda.Event()
+        self._event = torch.cuda.Event(enable_timing=self.started is not None)
         self._event.record()
         return self
 
     def wait(self) -> StepOutput:
         if self._event is not None:
             self._event.synchronize()
+            if self.started is not None:
+                self.device_seconds = self.started.elapsed_time(self._event) / 1e3
         ids, logprobs, top_ids, top_vals = self._host or self._tensors()
         self.token_ids = ids.tolist()
         if logprobs is not None:

@@ -114,6 +114,7 @@ class Scheduler:
         self.num_retractions = 0
         self.overlap = not args.disable_overlap_schedule
         self.wait_seconds = 0.0
+        self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
         self.in_flight: _InFlight | None = None
         self.notices: list[TokenOutput] = []  # requests sent back for their images' pixels
         self.num_pixel_requests = 0
@@ -327,6 +328,7 @@ class Scheduler:
         start = time.perf_counter()
         result = f.pending.wait()
         self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
+        self.device_seconds += result.device_seconds
         return self._process(f.batch, result)
 
     def _process(self, batch: ScheduleBatch, result: StepOutput) -> list[TokenOutput]:
@@ -402,6 +404,7 @@ class Scheduler:
             "retractions": self.num_retractions,
             "pixel_requests": self.num_pixel_requests,  # images by reference no longer cached
             "host_wait_seconds": self.wait_seconds,
+            "device_busy_seconds": self.device_seconds,
             **self.memory.usage(),
         }
 
