@@ -1,12 +1,33 @@
-"""What the encoder stage consumes: a request's encoder inputs (segments), and preprocessed
-images (text encoders take token ids)."""
+"""What the encoder stage consumes: a request's encoder inputs (segments). A segment is a key, a
+token count and its data: token ids for text encoders, or a model-owned payload (Mllama: a
+preprocessed image, `ImageFeatures`) that the runtime moves and caches without looking in."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
+
+
+class EncoderPayload(Protocol):
+    """A model-owned encoder input (not text). The scheduler knows only its key, its length
+    and whether its data came along; the encoder stage batches payloads through their type."""
+
+    key: str  # content hash: equal keys, equal encoder outputs
+    num_tokens: int  # cross K/V tokens of its encoder output
+
+    @property
+    def has_data(self) -> bool:
+        """False when sent by reference (the receiver should have its output cached)."""
+
+    def by_reference(self) -> EncoderPayload:
+        """The same input without its data."""
+
+    @classmethod
+    def batch(cls, payloads: list) -> Any:
+        """One encode batch of several payloads (with `.to(device)`), as the model reads it."""
 
 
 @dataclass
@@ -16,7 +37,7 @@ class ImageFeatures:
 
     `pixel_values` is None when the image is sent by reference: the tokenizer manager sent
     its pixels before, so the scheduler should have its encoder output cached under `key`
-    (if it has not, it asks for the pixels: see `TokenOutput.need_pixels`)."""
+    (if it has not, it asks for the inputs again: see `TokenOutput.resend_inputs`)."""
 
     pixel_values: torch.Tensor | None = field(repr=False)  # [max_tiles, C, H, W]
     aspect_ratio_id: int
@@ -24,8 +45,16 @@ class ImageFeatures:
     num_tokens: int
     key: str  # content hash of model, image bytes and processor settings
 
+    @property
+    def has_data(self) -> bool:
+        return self.pixel_values is not None
+
     def by_reference(self) -> ImageFeatures:
         return dataclasses.replace(self, pixel_values=None)
+
+    @classmethod
+    def batch(cls, payloads: list[ImageFeatures]) -> ImageBatch:
+        return ImageBatch.of(payloads)
 
     # pickled for the trip to the scheduler: the pixels as raw bytes, which (un)pickle at
     # memory speed, where a tensor's own pickling takes milliseconds for a 4-tile image
@@ -106,5 +135,10 @@ class EncoderSegment:
 
     key: str  # content hash (model + input)
     length: int  # cross K/V tokens
-    token_ids: list[int] | None = None
-    image: ImageFeatures | None = None
+    token_ids: list[int] | None = None  # a text encoder's input
+    payload: EncoderPayload | None = None  # a model-owned input (Mllama: an image)
+
+    @property
+    def missing_data(self) -> bool:
+        """Sent by reference: it can be used only if its encoder output is cached."""
+        return self.payload is not None and not self.payload.has_data

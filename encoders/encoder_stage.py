@@ -1,7 +1,7 @@
 """The encoder stage: fills the cross-attention K/V that newly admitted requests still miss.
 
 One ENCODE forward per scheduler step at most: the encoder runs once per distinct new input
-(text or image) over one packed, unpadded batch; inputs whose hidden states are cached only
+(text or a model's own input) over one packed, unpadded batch; inputs whose hidden states are cached only
 get their K/V projections. New hidden states are offered to the encoder cache's warm tier.
 """
 
@@ -12,7 +12,6 @@ import time
 import torch
 
 from seq2serve.encoders.encoder_cache import EncoderCache, EncoderJob, EncodeWork
-from seq2serve.encoders.encoder_input import ImageBatch
 from seq2serve.runtime.executor.worker_batch import EncodeBatch
 
 
@@ -46,12 +45,12 @@ class EncoderStage:
     def _run(self, jobs: list[EncoderJob]) -> None:
         encode = [j for j in jobs if j.work is EncodeWork.ENCODE]
         project = [j for j in jobs if j.work is EncodeWork.PROJECT]
-        images = [j.segment.image for j in encode if j.segment.image is not None]
+        payloads = [j.segment.payload for j in encode if j.segment.payload is not None]
         token_jobs = [j for j in encode if j.segment.token_ids is not None]
         batch = EncodeBatch(
             token_ids=torch.tensor([t for j in token_jobs for t in j.segment.token_ids])
             if token_jobs else None,
-            model_input=ImageBatch.of(images) if images else None,
+            model_input=type(payloads[0]).batch(payloads) if payloads else None,
             segment_lens=[j.segment.length for j in encode],
             # cross K/V slots: the encoded inputs first, then the projected ones
             cross_out_loc=torch.cat([j.entry.handle.loc for j in encode + project]),

@@ -153,7 +153,7 @@ def _split_waves(family: str, sched) -> list[list]:
     image = arch.image_token_id
 
     def req(rid, ids, images):
-        return TokenizedRequest(rid, [], ids, sp, images=images, cross_spans=cross_spans(
+        return TokenizedRequest(rid, [], ids, sp, encoder_inputs=images, cross_spans=cross_spans(
             ids, image, [f.num_tokens for f in images]))
 
     return [[req("s0", [image] + short, [img]), req("s1", short, [])],

@@ -74,7 +74,7 @@ def _mllama_tour(path: str, dtype: str) -> None:
     for rid, ids, features in [("text-then-image", [1, 50, 51, image, 52, 53], imgs[:1]),
                                ("two-images", [image, image, 1, 60, 61, 62], imgs),
                                ("text-only", [1, 70, 71, 72], [])]:
-        sched.add_request(TokenizedRequest(rid, [], ids, sp, images=features,
+        sched.add_request(TokenizedRequest(rid, [], ids, sp, encoder_inputs=features,
                                            cross_spans=cross_spans(
                                                ids, image, [f.num_tokens for f in features])))
     run_to_completion(sched)

@@ -207,6 +207,6 @@ def test_repeated_images_go_by_reference_and_come_back_when_evicted(engine, imag
     stats = engine.stats()
     assert [x["meta_info"]["encoder_cache_hit"] for x in (a, b, c)] == [False, True, False]
     assert a["output_ids"] == b["output_ids"] == c["output_ids"]
-    assert stats["pixel_requests"] == before["pixel_requests"] + 1
+    assert stats["resend_requests"] == before["resend_requests"] + 1
     assert stats["encoder_forwards"] == before["encoder_forwards"] + 2
     engine.check_integrity()  # raises if a slot leaked

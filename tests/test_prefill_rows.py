@@ -96,7 +96,7 @@ def test_mllama_prefill_as_rows_with_image_groups(tmp_path, backend):
     image = arch.image_token_id
 
     def req(rid, ids, features):
-        return TokenizedRequest(rid, [], ids, _sp(), images=features, cross_spans=cross_spans(
+        return TokenizedRequest(rid, [], ids, _sp(), encoder_inputs=features, cross_spans=cross_spans(
             ids, image, [f.num_tokens for f in features]))
 
     extend, rows = _both_ways(sched, [

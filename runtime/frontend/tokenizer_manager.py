@@ -151,7 +151,7 @@ class TokenizerManager:
                     encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
                     stream=obj.stream, return_logprob=obj.return_logprob,
                     top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
-                    images=images, cross_spans=spans, user=obj.user, group=group,
+                    encoder_inputs=images, cross_spans=spans, user=obj.user, group=group,
                 ))
         rids = [r.rid for r in reqs]
         if len(set(rids)) != len(rids):
@@ -284,10 +284,10 @@ class TokenizerManager:
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
         """The request as sent: images whose pixels the scheduler already got go by reference
         (a 4-tile image is ~8 MB of pixels to pickle and copy between processes)."""
-        if not r.images or not self.by_reference:
+        if not r.encoder_inputs or not self.by_reference:
             return r
         images = []
-        for img in r.images:
+        for img in r.encoder_inputs:
             key = (r.user or "", img.key)
             if key in self.shipped:
                 self.shipped.move_to_end(key)
@@ -297,14 +297,14 @@ class TokenizerManager:
                 images.append(img)
         while len(self.shipped) > _SHIPPED_MEMORY:
             self.shipped.popitem(last=False)
-        return dataclasses.replace(r, images=images)
+        return dataclasses.replace(r, encoder_inputs=images)
 
     def _send_pixels(self, rid: str) -> None:
         """The scheduler no longer has an image sent by reference: send it all again."""
         s = self.states.get(rid)
         if s is None or s.finished or s.request is None:
             return  # the caller went away meanwhile
-        for img in s.request.images:
+        for img in s.request.encoder_inputs:
             self.shipped[(s.request.user or "", img.key)] = None
         self.send_to_scheduler.send_pyobj(s.request)
 
@@ -418,7 +418,7 @@ class TokenizerManager:
             msg = await self.recv_from_detokenizer.recv_pyobj()
             if isinstance(msg, BatchTokenOutput):
                 for out in msg.outputs:
-                    if out.need_pixels:
+                    if out.resend_inputs:
                         self._send_pixels(out.rid)
                         continue
                     s = self.states.get(out.rid)

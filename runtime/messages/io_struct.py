@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from seq2serve.encoders.encoder_input import ImageFeatures
+from seq2serve.encoders.encoder_input import EncoderPayload
 from seq2serve.runtime.config.sampling_params import SamplingParams
 
 
@@ -21,7 +21,8 @@ class TokenizedRequest:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     encoder_key: str | None = None
-    images: list[ImageFeatures] = field(default_factory=list)  # for a vision encoder
+    # the model's own encoder inputs besides text (Mllama: its images), in order
+    encoder_inputs: list[EncoderPayload] = field(default_factory=list)
     # which cross K/V each decoder position reads (see encoders.encoder_input.cross_spans);
     # None: every position reads all of them
     cross_spans: list[tuple[int, int, int]] | None = None
@@ -70,9 +71,9 @@ class TokenOutput:
     new_logprobs: list[float] | None = None
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # set when the scheduler refused the request (bad input)
-    # set when an image sent by reference is no longer cached: the scheduler dropped the
-    # request and the tokenizer manager sends it again with every image's pixels
-    need_pixels: bool = False
+    # set when an encoder input sent by reference is no longer cached: the scheduler dropped
+    # the request and the tokenizer manager sends it again with every input's data
+    resend_inputs: bool = False
     # what the detokenizer needs to know about the request: on its first output only (the
     # detokenizer keeps it until the request finishes)
     detokenize: DetokenizeSettings | None = None

@@ -10,7 +10,7 @@ from seq2serve.runtime.config.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from seq2serve.encoders.encoder_cache import EncoderCacheEntry
-    from seq2serve.encoders.encoder_input import EncoderSegment, ImageFeatures
+    from seq2serve.encoders.encoder_input import EncoderPayload, EncoderSegment
     from seq2serve.runtime.scheduler.radix_cache import RadixNode
 
 
@@ -40,7 +40,7 @@ class Req:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     encoder_key: str | None = None  # identifies the encoder input (for the encoder cache)
-    images: list[ImageFeatures] = field(default_factory=list)  # a vision encoder's input
+    encoder_inputs: list[EncoderPayload] = field(default_factory=list)  # besides text
     cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
     user: str | None = None  # the caller's user id (cache isolation)
 
@@ -85,8 +85,8 @@ class Req:
 
     @property
     def encoder_len(self) -> int:
-        """Cross K/V length: encoder tokens, or the real tiles' tokens of every image."""
-        return len(self.encoder_input_ids) + sum(i.num_tokens for i in self.images)
+        """Cross K/V length: the text encoder's tokens plus every other input's."""
+        return len(self.encoder_input_ids) + sum(p.num_tokens for p in self.encoder_inputs)
 
     @property
     def finished(self) -> bool:

@@ -12,8 +12,8 @@ from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import Req
 
 
-class PixelsNeeded(Exception):
-    """An image sent by reference (no pixels) is not in the encoder cache any more."""
+class InputsNeeded(Exception):
+    """An encoder input sent by reference (no data) is not in the encoder cache any more."""
 
 
 class RequestMemory:
@@ -51,8 +51,8 @@ class RequestMemory:
         """Give `req` a table row, its cross K/V (from the encoder cache where it can) and
         decoder pages for its whole current sequence (reusing a cached prefix where it can),
         keeping `reserve_pages` free for others. Returns the encoder work still to do, or
-        None with nothing held when memory is short; raises PixelsNeeded (nothing held) when
-        an image sent by reference is no longer cached."""
+        None with nothing held when memory is short; raises InputsNeeded (nothing held) when
+        an input sent by reference is no longer cached."""
         if self.req_to_token.num_free == 0:
             return None
         jobs: list[EncoderJob] = []
@@ -87,7 +87,7 @@ class RequestMemory:
         return jobs
 
     def _acquire_cross(self, req: Req) -> list[EncoderJob] | None:
-        """Raises PixelsNeeded (nothing held) if an image sent without pixels must be encoded."""
+        """Raises InputsNeeded (nothing held) if an input sent without its data must be encoded."""
         cache, ns, segs = self.encoder_cache, req.namespace[0], req.segments
         # cached inputs first: making room for a new one evicts unused entries, which must
         # not be the ones this request is about to use
@@ -102,10 +102,10 @@ class RequestMemory:
         if len(got) < len(segs):
             self._release_cross(req)
             return None
-        if any(got[i][1] is EncodeWork.ENCODE and seg.image is not None
-               and seg.image.pixel_values is None for i, seg in enumerate(segs)):
+        if any(got[i][1] is EncodeWork.ENCODE and seg.missing_data
+               for i, seg in enumerate(segs)):
             self._release_cross(req)
-            raise PixelsNeeded(req.rid)
+            raise InputsNeeded(req.rid)
         return [EncoderJob(entry, work, seg) for seg, (entry, work) in
                 ((segs[i], got[i]) for i in range(len(segs))) if work is not EncodeWork.NONE]
 

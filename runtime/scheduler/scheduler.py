@@ -34,7 +34,7 @@ from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRe
 from seq2serve.runtime.messages.model_limits import ModelLimits
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import FinishReason, Req
-from seq2serve.runtime.scheduler.request_memory import PixelsNeeded, RequestMemory
+from seq2serve.runtime.scheduler.request_memory import InputsNeeded, RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
 
 logger = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ class Scheduler:
         self.wait_seconds = 0.0
         self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
         self.in_flight: _InFlight | None = None
-        self.notices: list[TokenOutput] = []  # requests sent back for their images' pixels
-        self.num_pixel_requests = 0
+        self.notices: list[TokenOutput] = []  # requests sent back for their inputs' data
+        self.num_resend_requests = 0
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -128,22 +128,22 @@ class Scheduler:
         if self.find(tr.rid) is not None:
             raise ValueError(f"request id {tr.rid!r} is already in use")
         self.limits.check(tr.encoder_input_ids, tr.decoder_input_ids, sp.max_new_tokens,
-                          sum(i.num_tokens for i in tr.images))
+                          sum(p.num_tokens for p in tr.encoder_inputs))
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model directory has none")
-        if tr.images and not arch.num_cross_attn_layers:
-            raise ValueError("this model takes no images")
+        if tr.encoder_inputs and not arch.num_cross_attn_layers:
+            raise ValueError("this model takes no encoder inputs besides text")
         req = Req(
             rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
             decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
             stream=tr.stream, return_logprob=tr.return_logprob,
             top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
-            images=list(tr.images), cross_spans=tr.cross_spans, user=tr.user,
+            encoder_inputs=list(tr.encoder_inputs), cross_spans=tr.cross_spans, user=tr.user,
         )
         if req.encoder_input_ids:
             key = tr.encoder_key or "tokens:" + ",".join(map(str, req.encoder_input_ids))
             req.segments.append(EncoderSegment(key, req.encoder_len, token_ids=req.encoder_input_ids))
-        req.segments += [EncoderSegment(img.key, img.num_tokens, image=img) for img in req.images]
+        req.segments += [EncoderSegment(p.key, p.num_tokens, payload=p) for p in req.encoder_inputs]
         # every cached entry lives in a namespace: the user's (when isolated), and for decoder
         # prefixes, the encoder inputs they were computed under
         user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
@@ -276,10 +276,11 @@ class Scheduler:
             reserve = len(self.running) + len(admitted)
             try:
                 req_jobs = self.memory.admit(req, reserve_pages=reserve)
-            except PixelsNeeded:  # its cached image was evicted: the sender has the pixels
+            except InputsNeeded:  # a cached input was evicted: the sender has its data
                 self.waiting.popleft()
-                self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[], need_pixels=True))
-                self.num_pixel_requests += 1
+                self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[],
+                                                resend_inputs=True))
+                self.num_resend_requests += 1
                 continue
             if req_jobs is None:
                 break
@@ -402,7 +403,7 @@ class Scheduler:
             "forwards": sum(self.forwards.values()),
             "max_batch_size": self.max_batch.get(ForwardMode.DECODE.value, 0),
             "retractions": self.num_retractions,
-            "pixel_requests": self.num_pixel_requests,  # images by reference no longer cached
+            "resend_requests": self.num_resend_requests,  # inputs by reference not cached
             "host_wait_seconds": self.wait_seconds,
             "device_busy_seconds": self.device_seconds,
             **self.memory.usage(),
