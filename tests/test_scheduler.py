@@ -176,7 +176,7 @@ def test_admission_is_fair_across_callers(t5_dir):
     # the big call's own prompts keep their order
     big = [r for r in finished if r.startswith("big")]
     assert big == sorted(big, key=lambda r: int(r[3:]))
-    assert not sched.group_tags  # nothing waits: no history kept
+    assert not sched.waiting.group_tags  # nothing waits: no history kept
 
 
 def test_radix_keeps_no_root_per_source_it_ever_saw(t5_dir):

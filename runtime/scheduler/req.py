@@ -61,7 +61,7 @@ class Req:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finished_reason: FinishReason | None = None
     num_retractions: int = 0
-    fair_tag: int = 0  # admission order across callers (Scheduler._enqueue)
+    fair_tag: int = 0  # admission order across callers (policy.FairPolicy)
     announced: bool = False  # its detokenizer settings went out with its first output
     # --- timing (set by the scheduler) ---
     arrival_time: float = field(default_factory=time.monotonic)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +32,7 @@ from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
 from seq2serve.runtime.messages.model_limits import ModelLimits
+from seq2serve.runtime.scheduler.policy import FairPolicy
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import FinishReason, Req
 from seq2serve.runtime.scheduler.request_memory import InputsNeeded, RequestMemory
@@ -72,7 +73,7 @@ class Executor(Protocol):
 
 class Scheduler:
     def __init__(self, args: ServerArgs, model_config: ModelConfig, tokenizer=None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, policy: FairPolicy | None = None) -> None:
         self.args = args
         self.model_config = model_config
         self.tokenizer = tokenizer  # decodes output tails for stop strings
@@ -103,9 +104,7 @@ class Scheduler:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = tuple(sorted(eos))
-        self.waiting: deque[Req] = deque()
-        self.group_tags: dict[str, int] = {}  # each caller's last fair_tag (see _enqueue)
-        self.admitted_tag = 0  # fair_tag of the last request admitted
+        self.waiting = policy if policy is not None else FairPolicy()  # admission order
         self.running: list[Req] = []
         # per forward mode: how many forwards and the largest batch (counters, not a log: a
         # server runs millions of forwards)
@@ -148,21 +147,7 @@ class Scheduler:
         # prefixes, the encoder inputs they were computed under
         user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
         req.namespace = (user_ns, *(seg.key for seg in req.segments))
-        self._enqueue(req, tr.group or tr.rid)
-
-    def _enqueue(self, req: Req, group: str) -> None:
-        """Fair admission across callers: the k-th waiting request of a call is admitted after
-        the k-th of every other call waiting, so a request of 1,000 prompts does not hold back
-        a one-prompt request that arrives after it (start-time fair queueing, one unit each)."""
-        req.fair_tag = max(self.group_tags.get(group, 0), self.admitted_tag) + 1
-        self.group_tags[group] = req.fair_tag
-        if len(self.group_tags) > 4 * len(self.waiting) + 1024:  # forget finished callers
-            self.group_tags = {g: t for g, t in self.group_tags.items()
-                               if t > self.admitted_tag}
-        i = len(self.waiting)
-        while i and self.waiting[i - 1].fair_tag > req.fair_tag:
-            i -= 1
-        self.waiting.insert(i, req)
+        self.waiting.push(req, tr.group or tr.rid)
 
     def abort_request(self, rid: str) -> TokenOutput | None:
         """Finish a queued or running request now and free its memory."""
@@ -269,7 +254,7 @@ class Scheduler:
         while self.waiting:
             if len(self.running) + len(admitted) >= self.args.max_running_requests:
                 break
-            req = self.waiting[0]
+            req = self.waiting.peek()
             if admitted and req.seq_len > budget:
                 break
             # keep a page free for every running request's next decode step
@@ -277,18 +262,14 @@ class Scheduler:
             try:
                 req_jobs = self.memory.admit(req, reserve_pages=reserve)
             except InputsNeeded:  # a cached input was evicted: the sender has its data
-                self.waiting.popleft()
+                self.waiting.drop()
                 self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[],
                                                 resend_inputs=True))
                 self.num_resend_requests += 1
                 continue
             if req_jobs is None:
                 break
-            self.waiting.popleft()
-            self.admitted_tag = max(self.admitted_tag, req.fair_tag)
-            if not self.waiting:  # no caller is behind another: no history needed
-                self.group_tags.clear()
-            admitted.append(req)
+            admitted.append(self.waiting.admit())
             jobs += req_jobs
             budget -= req.seq_len
         return admitted, jobs
@@ -299,13 +280,12 @@ class Scheduler:
 
         while not self.memory.make_room(need()):
             assert len(self.running) > 1, "a lone request always fits (checked at admission)"
-            # retract the request that has made the least progress: it loses the least work
-            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival_time))
+            victim = self.waiting.victim(self.running)
             self.running.remove(victim)
             self.memory.release(victim, keep_cross=True)
             victim.num_retractions += 1
             self.num_retractions += 1
-            self.waiting.appendleft(victim)
+            self.waiting.push_front(victim)
             logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
     def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
