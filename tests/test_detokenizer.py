@@ -25,9 +25,20 @@ def tok(request):
     return load_tokenizer(str(ASSETS / request.param))
 
 
-def _stream(tok, ids, stop=None, skip=True):
+def _stream(tok, ids, stop=None, skip=True, min_tokens=0):
+    """The pieces shown while `ids` arrive one by one; with `stop`, the request finishes as the
+    scheduler finishes it: at the first token (from `min_tokens` on) whose text holds one."""
     d = IncrementalDetokenizer(tok, skip_special_tokens=skip, stop=stop)
-    pieces = [d.add([t]) for t in ids]
+    pieces = []
+    for n, t in enumerate(ids, 1):
+        text = tok.decode(ids[:n], skip_special_tokens=skip)
+        before = tok.decode(ids[:n - 1], skip_special_tokens=skip)
+        hit = next((s for s in stop or [] if n >= min_tokens
+                    and text.find(s, max(0, len(before) - len(s) + 1)) >= 0), None)
+        if hit is not None:
+            pieces.append(d.add([t], finished=True, matched_stop=hit))
+            return pieces
+        pieces.append(d.add([t]))
     pieces.append(d.add([], finished=True))
     return pieces
 
@@ -68,3 +79,15 @@ def test_stop_strings_are_cut_and_never_shown(tok, stop):
     shown = "".join(pieces)
     assert shown == full[: full.index(stop)]
     assert stop not in shown
+
+
+def test_a_stop_string_before_min_new_tokens_stays_in_the_text(tok):
+    """The scheduler ignores stop strings until min_new_tokens (as HF does): the text then
+    keeps the early occurrence and is cut only where the request really stopped."""
+    text = "one two, one two, one two"
+    ids = tok(text, add_special_tokens=False).input_ids
+    full = tok.decode(ids, skip_special_tokens=True)
+    first_two = len(tok("one two", add_special_tokens=False).input_ids)
+    shown = "".join(_stream(tok, ids, stop=["two"], min_tokens=first_two + 2))
+    assert shown == full[: full.index("two", full.index("two") + 1)]
+    assert shown.count("two") == 1

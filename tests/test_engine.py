@@ -88,6 +88,25 @@ def test_stop_string_is_cut_from_the_text(engine, tok):
     assert "".join(c["text"] for c in streamed) == out["text"]
 
 
+def test_text_and_tokens_agree_on_a_stop_string_seen_before_min_new_tokens(engine, tok):
+    """Stop strings count from min_new_tokens on (the scheduler's rule): an occurrence before
+    that stays in the text, and the text is cut only where the tokens stopped."""
+    full = engine.generate(prompt=SOURCES[0], sampling_params=GREEDY)
+    stop = full["text"].split()[0][:3]  # in the first word: before min_new_tokens
+    first = full["text"].index(stop)
+    sp = {**GREEDY, "stop": stop, "min_new_tokens": 4}
+    out = engine.generate(prompt=SOURCES[0], sampling_params=sp)
+    text, reason = out["text"], out["meta_info"]["finish_reason"]
+    assert text.startswith(full["text"][: first + len(stop)])  # the early one is kept
+    shown = tok.decode(out["output_ids"], skip_special_tokens=True)
+    if reason["type"] == "stop":  # cut at the occurrence the last token completed
+        assert text == shown[: shown.rindex(stop)] and shown.rindex(stop) > first
+    else:
+        assert reason == {"type": "length"} and text == full["text"]
+    streamed = engine.generate(prompt=SOURCES[0], sampling_params=sp, stream=True)
+    assert "".join(c["text"] for c in streamed) == text
+
+
 def test_async_generate(engine):
     async def main():
         single = await engine.async_generate(prompt=SOURCES[4], sampling_params=GREEDY)

@@ -34,7 +34,9 @@ class DetokenizerManager:
                                                list(settings.stop))
                 self.states[out.rid] = state
             finished = out.finished_reason is not None
-            out.text = state.add(out.new_token_ids, finished=finished)
+            matched = (out.finished_reason or {}).get("matched")
+            out.text = state.add(out.new_token_ids, finished=finished,
+                                 matched_stop=matched if isinstance(matched, str) else None)
             if finished:
                 del self.states[out.rid]
 

@@ -1,6 +1,10 @@
 """Turns a growing list of token ids into text, piece by piece, without splitting a multi-byte
 character or losing SentencePiece word-boundary spaces, and holding back text that may be the
-start of a stop string."""
+start of a stop string.
+
+Whether a stop string ended the request is the scheduler's decision (it stops generating
+there; `Req.check_finished`); this only cuts the text where it says, at the occurrence of the
+matched string that the request's last token completed."""
 
 from __future__ import annotations
 
@@ -23,21 +27,27 @@ class IncrementalDetokenizer:
         self.sent = 0  # characters of `text` already handed out
         self.prefix_offset = 0
         self.read_offset = 0
-        self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def add(self, new_ids: list[int], finished: bool = False) -> str:
-        """Append tokens; return the text that may be shown now (all of it when finished)."""
+    def add(self, new_ids: list[int], finished: bool = False,
+            matched_stop: str | None = None) -> str:
+        """Append tokens; return the text that may be shown now (all of it when finished).
+        `matched_stop`: the stop string the scheduler finished the request on; the text ends
+        before its last occurrence (the one the last token completed: earlier ones, before
+        `min_new_tokens`, stay)."""
         self.ids.extend(new_ids)
-        if not self.stopped:
-            if finished:
-                self.text = self._decode(self.ids)  # the whole decode is the truth at the end
-            else:
-                self._advance()
-            self._apply_stop()
-        end = len(self.text) if (finished or self.stopped) else self._safe_end()
+        if not finished:
+            self._advance()
+            end = self._safe_end()
+        else:
+            self.text = self._decode(self.ids)  # the whole decode is the truth at the end
+            if matched_stop:
+                cut = self.text.rfind(matched_stop)
+                if cut >= self.sent:
+                    self.text = self.text[:cut]
+            end = len(self.text)
         piece = self.text[self.sent:end]
         self.sent = max(self.sent, end)
         return piece
@@ -56,12 +66,6 @@ class IncrementalDetokenizer:
         if self._decode(self.ids[self.read_offset:]).strip():
             self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
-
-    def _apply_stop(self) -> None:
-        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.stopped = True
 
     def _safe_end(self) -> int:
         """Hold back a tail that could still grow into a stop string."""

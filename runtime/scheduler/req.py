@@ -109,12 +109,22 @@ class Req:
                 self.finished_reason = FinishReason("stop", matched=token)
                 return
             if sp.stop:
-                longest = max(len(s) for s in sp.stop)
-                # enough tokens to cover the string even when tokens are partial characters
-                text = tail_text(self.output_ids[-(longest + 8):])
-                for s in sp.stop:
-                    if s in text:
-                        self.finished_reason = FinishReason("stop", matched=s)
-                        return
+                matched = self._new_stop_string(tail_text)
+                if matched is not None:
+                    self.finished_reason = FinishReason("stop", matched=matched)
+                    return
         if len(self.output_ids) >= sp.max_new_tokens:
             self.finished_reason = FinishReason("length")
+
+    def _new_stop_string(self, tail_text) -> str | None:
+        """The stop string that the newest token completes, if any (an occurrence that ended
+        earlier, before min_new_tokens, does not count: HF's rule). The text shown is cut
+        there by the detokenizer (`IncrementalDetokenizer.add(matched_stop=...)`)."""
+        stop = self.sampling_params.stop
+        # enough tokens to cover the string even when tokens are partial characters
+        window = self.output_ids[-(max(len(s) for s in stop) + 8):]
+        text, before = tail_text(window), tail_text(window[:-1])
+        for s in stop:
+            if text.find(s, max(0, len(before) - len(s) + 1)) >= 0:
+                return s
+        return None
