@@ -5,25 +5,25 @@ preprocessed image, `ImageFeatures`) that the runtime moves and caches without l
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from seq2serve.encoders.pixel_store import read_pixels
+
 
 class EncoderPayload(Protocol):
     """A model-owned encoder input (not text). The scheduler knows only its key, its length
-    and whether its data came along; the encoder stage batches payloads through their type."""
+    and whether its data can be had; the encoder stage batches payloads through their type."""
 
     key: str  # content hash: equal keys, equal encoder outputs
     num_tokens: int  # cross K/V tokens of its encoder output
 
     @property
     def has_data(self) -> bool:
-        """False when sent by reference (the receiver should have its output cached)."""
-
-    def by_reference(self) -> EncoderPayload:
-        """The same input without its data."""
+        """Whether its data can still be read (else only a cached output can serve it)."""
 
     @classmethod
     def batch(cls, payloads: list) -> Any:
@@ -35,45 +35,37 @@ class ImageFeatures:
     """One image, preprocessed by the checkpoint's image processor (set by the tokenizer
     manager). Its cross K/V are `num_tokens` long: only the real tiles are kept.
 
-    `pixel_values` is None when the image is sent by reference: the tokenizer manager sent
-    its pixels before, so the scheduler should have its encoder output cached under `key`
-    (if it has not, it asks for the inputs again: see `TokenOutput.resend_inputs`)."""
+    Between processes the pixels travel as a file of the tokenizer manager's `PixelStore`
+    (`stored`): the request carries the file's name, and the scheduler reads it only if its
+    encoder cache misses."""
 
     pixel_values: torch.Tensor | None = field(repr=False)  # [max_tiles, C, H, W]
     aspect_ratio_id: int
     num_tiles: int
     num_tokens: int
     key: str  # content hash of model, image bytes and processor settings
+    pixel_file: str | None = None  # the PixelStore file holding the pixels
+    pixel_layout: tuple | None = None  # (dtype, shape) of that file's pixels
 
     @property
     def has_data(self) -> bool:
-        return self.pixel_values is not None
+        return self.pixel_values is not None or (
+            self.pixel_file is not None and os.path.exists(self.pixel_file))
 
-    def by_reference(self) -> ImageFeatures:
-        return dataclasses.replace(self, pixel_values=None)
+    def stored(self, path: str) -> ImageFeatures:
+        """The same image with its pixels left in a PixelStore file at `path`."""
+        px = self.pixel_values
+        return dataclasses.replace(self, pixel_values=None, pixel_file=path,
+                                   pixel_layout=(px.dtype, tuple(px.shape)))
+
+    def pixels(self) -> torch.Tensor:
+        if self.pixel_values is not None:
+            return self.pixel_values
+        return read_pixels(self.pixel_file, *self.pixel_layout)
 
     @classmethod
     def batch(cls, payloads: list[ImageFeatures]) -> ImageBatch:
         return ImageBatch.of(payloads)
-
-    # pickled for the trip to the scheduler: the pixels as raw bytes, which (un)pickle at
-    # memory speed, where a tensor's own pickling takes milliseconds for a 4-tile image
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        px = state.pop("pixel_values")
-        if px is not None:
-            px = px.contiguous()
-            state["pixels"] = (px.view(torch.uint8).numpy().tobytes(), px.dtype, px.shape)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        raw = state.pop("pixels", None)
-        self.__dict__.update(state)
-        self.pixel_values = None
-        if raw is not None:
-            data, dtype, shape = raw
-            self.pixel_values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(
-                dtype).reshape(shape)
 
 
 @dataclass
@@ -86,7 +78,7 @@ class ImageBatch:
 
     @classmethod
     def of(cls, images: list[ImageFeatures]) -> ImageBatch:
-        return cls(pixel_values=torch.stack([i.pixel_values for i in images]),
+        return cls(pixel_values=torch.stack([i.pixels() for i in images]),
                    aspect_ratio_ids=torch.tensor([i.aspect_ratio_id for i in images]),
                    num_tiles=[i.num_tiles for i in images])
 
@@ -140,5 +132,5 @@ class EncoderSegment:
 
     @property
     def missing_data(self) -> bool:
-        """Sent by reference: it can be used only if its encoder output is cached."""
+        """Its data can no longer be read: only a cached encoder output can serve it."""
         return self.payload is not None and not self.payload.has_data

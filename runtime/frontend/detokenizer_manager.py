@@ -25,7 +25,7 @@ class DetokenizerManager:
 
     def handle(self, batch: BatchTokenOutput) -> None:
         for out in batch.outputs:
-            if out.error is not None or out.resend_inputs:
+            if out.error is not None:
                 continue
             state = self.states.get(out.rid)
             if state is None:  # a request's first output carries its settings

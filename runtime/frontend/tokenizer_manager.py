@@ -11,7 +11,6 @@ import logging
 import os
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import zmq.asyncio
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
 from seq2serve.encoders.image_loader import MediaPolicy, read_image
+from seq2serve.encoders.pixel_store import PixelStore
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import RequestLimits
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput, invalid_text
@@ -38,9 +38,6 @@ from seq2serve.runtime.messages.ipc import IpcNames, socket
 from seq2serve.runtime.messages.model_limits import ModelLimits
 
 logger = logging.getLogger(__name__)
-
-_SHIPPED_MEMORY = 4096  # image keys remembered as sent to the scheduler
-
 
 class EngineDeadError(RuntimeError):
     """A child process of the runtime died; no request can be served any more."""
@@ -59,7 +56,7 @@ class _ReqState:
     first_token: float | None = None
     last_token: float | None = None
     finished: bool = False
-    request: TokenizedRequest | None = None  # as tokenized, every image's pixels included
+    request: TokenizedRequest | None = None  # as sent (images by their PixelStore files)
 
 
 class TokenizerManager:
@@ -90,10 +87,9 @@ class TokenizerManager:
         # no token covers more characters than this: a longer prompt is refused untokenized
         self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
         self.states: dict[str, _ReqState] = {}
-        # (user, image key) of images whose pixels the scheduler was sent: repeats of them go
-        # by reference, and the scheduler asks for the pixels again if it no longer has them
-        self.shipped: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self.by_reference = bool(info.get("encoder_cache"))
+        # the pixels of images in flight (and recent ones): the scheduler reads them from
+        # here when its encoder cache misses
+        self.pixel_store = PixelStore() if self.image_processor is not None else None
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
         self.draining = False  # shutting down: running requests finish, new ones are refused
@@ -263,12 +259,13 @@ class TokenizerManager:
         _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
         if any(r.rid in self.states for r in reqs):
             raise ValueError("rid must be unique among running requests")
-        states = [_ReqState(rid=r.rid, index=i, request=r) for i, r in enumerate(reqs)]
+        states = [_ReqState(rid=r.rid, index=i) for i, r in enumerate(reqs)]
         for s in states:
             self.states[s.rid] = s
         try:
-            for r in reqs:
-                self.send_to_scheduler.send_pyobj(self._on_the_wire(r))
+            for s, r in zip(states, reqs):
+                s.request = self._on_the_wire(r)
+                self.send_to_scheduler.send_pyobj(s.request)
             if obj.stream:
                 async for chunk in self._stream(states, obj.return_logprob):
                     yield chunk
@@ -280,33 +277,20 @@ class TokenizerManager:
                 if not s.finished and self.dead_reason is None:
                     self.send_to_scheduler.send_pyobj(AbortRequest(s.rid))
                 self.states.pop(s.rid, None)
+                self._release(s.request)
 
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
-        """The request as sent: images whose pixels the scheduler already got go by reference
-        (a 4-tile image is ~8 MB of pixels to pickle and copy between processes)."""
-        if not r.encoder_inputs or not self.by_reference:
+        """The request as sent: every image's pixels in the PixelStore (written once per
+        image, pinned until the request ends), the request carrying only the files' names."""
+        if not r.encoder_inputs:
             return r
-        images = []
-        for img in r.encoder_inputs:
-            key = (r.user or "", img.key)
-            if key in self.shipped:
-                self.shipped.move_to_end(key)
-                images.append(img.by_reference())
-            else:
-                self.shipped[key] = None
-                images.append(img)
-        while len(self.shipped) > _SHIPPED_MEMORY:
-            self.shipped.popitem(last=False)
-        return dataclasses.replace(r, encoder_inputs=images)
+        return dataclasses.replace(r, encoder_inputs=[
+            img.stored(self.pixel_store.put(img.key, img.pixel_values))
+            for img in r.encoder_inputs])
 
-    def _send_pixels(self, rid: str) -> None:
-        """The scheduler no longer has an image sent by reference: send it all again."""
-        s = self.states.get(rid)
-        if s is None or s.finished or s.request is None:
-            return  # the caller went away meanwhile
-        for img in s.request.encoder_inputs:
-            self.shipped[(s.request.user or "", img.key)] = None
-        self.send_to_scheduler.send_pyobj(s.request)
+    def _release(self, r: TokenizedRequest | None) -> None:
+        for img in r.encoder_inputs if r is not None else ():
+            self.pixel_store.release(img.key)
 
     async def _next(self, s: _ReqState) -> TokenOutput:
         out = await s.queue.get()
@@ -407,6 +391,8 @@ class TokenizerManager:
             self.control_waiters.pop(tag, None)
 
     async def close(self) -> None:
+        if self.pixel_store is not None:
+            self.pixel_store.close()
         if self._started:
             self._loop_task.cancel()
             self.send_to_scheduler.close()
@@ -418,9 +404,6 @@ class TokenizerManager:
             msg = await self.recv_from_detokenizer.recv_pyobj()
             if isinstance(msg, BatchTokenOutput):
                 for out in msg.outputs:
-                    if out.resend_inputs:
-                        self._send_pixels(out.rid)
-                        continue
                     s = self.states.get(out.rid)
                     if s is not None:
                         s.queue.put_nowait(out)

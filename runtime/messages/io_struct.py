@@ -71,9 +71,6 @@ class TokenOutput:
     new_logprobs: list[float] | None = None
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # set when the scheduler refused the request (bad input)
-    # set when an encoder input sent by reference is no longer cached: the scheduler dropped
-    # the request and the tokenizer manager sends it again with every input's data
-    resend_inputs: bool = False
     # what the detokenizer needs to know about the request: on its first output only (the
     # detokenizer keeps it until the request finishes)
     detokenize: DetokenizeSettings | None = None

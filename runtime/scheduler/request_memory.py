@@ -13,7 +13,8 @@ from seq2serve.runtime.scheduler.req import Req
 
 
 class InputsNeeded(Exception):
-    """An encoder input sent by reference (no data) is not in the encoder cache any more."""
+    """An encoder input must be encoded but its data can no longer be read (its sender has
+    released it: the request was aborted meanwhile)."""
 
 
 class RequestMemory:
@@ -52,7 +53,7 @@ class RequestMemory:
         decoder pages for its whole current sequence (reusing a cached prefix where it can),
         keeping `reserve_pages` free for others. Returns the encoder work still to do, or
         None with nothing held when memory is short; raises InputsNeeded (nothing held) when
-        an input sent by reference is no longer cached."""
+        an input to encode has no data any more."""
         if self.req_to_token.num_free == 0:
             return None
         jobs: list[EncoderJob] = []
@@ -87,7 +88,7 @@ class RequestMemory:
         return jobs
 
     def _acquire_cross(self, req: Req) -> list[EncoderJob] | None:
-        """Raises InputsNeeded (nothing held) if an input sent without its data must be encoded."""
+        """Raises InputsNeeded (nothing held) if an input whose data is gone must be encoded."""
         cache, ns, segs = self.encoder_cache, req.namespace[0], req.segments
         # cached inputs first: making room for a new one evicts unused entries, which must
         # not be the ones this request is about to use

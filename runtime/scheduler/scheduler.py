@@ -115,8 +115,7 @@ class Scheduler:
         self.wait_seconds = 0.0
         self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
         self.in_flight: _InFlight | None = None
-        self.notices: list[TokenOutput] = []  # requests sent back for their inputs' data
-        self.num_resend_requests = 0
+        self.notices: list[TokenOutput] = []  # requests refused at admission
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -261,11 +260,12 @@ class Scheduler:
             reserve = len(self.running) + len(admitted)
             try:
                 req_jobs = self.memory.admit(req, reserve_pages=reserve)
-            except InputsNeeded:  # a cached input was evicted: the sender has its data
+            except InputsNeeded:
                 self.waiting.drop()
-                self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[],
-                                                resend_inputs=True))
-                self.num_resend_requests += 1
+                message = "the request's encoder input data is no longer available"
+                self.notices.append(TokenOutput(rid=req.rid, new_token_ids=[], error=message,
+                                                finished_reason={"type": "abort",
+                                                                 "message": message}))
                 continue
             if req_jobs is None:
                 break
@@ -383,7 +383,6 @@ class Scheduler:
             "forwards": sum(self.forwards.values()),
             "max_batch_size": self.max_batch.get(ForwardMode.DECODE.value, 0),
             "retractions": self.num_retractions,
-            "resend_requests": self.num_resend_requests,  # inputs by reference not cached
             "host_wait_seconds": self.wait_seconds,
             "device_busy_seconds": self.device_seconds,
             **self.memory.usage(),

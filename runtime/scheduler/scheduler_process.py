@@ -63,7 +63,6 @@ def scheduler_info(scheduler: Scheduler) -> dict:
         "architecture": scheduler.model_config.architecture,
         "decoder_start_token_id": getattr(arch, "decoder_start_token_id", None),
         **dataclasses.asdict(scheduler.limits),  # what a request may be (ModelLimits)
-        # repeated images may then be sent by reference (without their pixels)
         "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
         "device": runner.device,
         "dtype": str(runner.dtype).removeprefix("torch."),
