@@ -105,7 +105,7 @@ def request(rid: str, encoder_ids: list[int], decoder_ids: list[int] | None = No
 
 def record_results(scheduler: Scheduler) -> list:
     """(request ids, StepOutput) of every step the scheduler processes, in order; the
-    results carry logits when the model runner's `keep_logits` is on."""
+    results carry the sampled rows' logits."""
     steps = []
     process = scheduler._process
 

@@ -37,7 +37,6 @@ def test_llama_greedy_and_logits_match_hf(llama_dirs, name):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = [tok(p).input_ids for p in PROMPTS]
     sched = make_scheduler(path)
-    sched.worker.model_runner.keep_logits = True
     for i, ids in enumerate(prompts):
         sched.add_request(request(str(i), [], ids, max_new_tokens=MAX_NEW, ignore_eos=True))
     out: dict[str, list[int]] = {}

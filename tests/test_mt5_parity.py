@@ -29,7 +29,6 @@ def test_greedy_and_logits_match_hf(t5_checkpoints, name):
     assert max(map(len, sources)) > T5_CONFIGS[name]["relative_attention_max_distance"]
 
     sched = make_scheduler(path)
-    sched.worker.model_runner.keep_logits = True
     for i, ids in enumerate(sources):
         sched.add_request(request(str(i), ids, max_new_tokens=MAX_NEW, ignore_eos=True))
     logits: dict[str, list[torch.Tensor]] = {str(i): [] for i in range(len(sources))}

@@ -45,7 +45,6 @@ def _both_ways(sched, requests: list[TokenizedRequest]) -> tuple[torch.Tensor, t
     lens = wb.inputs.extend_lens
     assert sum(lens) > len(lens)  # a real prefill, not 1 token each
     runner = sched.worker.model_runner
-    runner.keep_logits = True
     extend = runner.forward(wb).logits
     rows, last = decode_rows(wb)
     assert rows.forward_mode is ForwardMode.DECODE and rows.batch_size == sum(lens)

@@ -52,7 +52,6 @@ class ModelRunner:
         self.backend_name = args.resolved_attention_backend(self.device)
         self.attn_backend = create_backend(self.backend_name, device=self.device)
         self.sampler = Sampler()
-        self.keep_logits = False  # tests turn this on to compare logits with an oracle
         # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
         self.model_optional_inputs = frozenset(getattr(self.model, "optional_inputs", ()))
         self.graph_runner = None
@@ -148,7 +147,5 @@ class ModelRunner:
             out = StepOutput(greedy if greedy is not None else logits.argmax(dim=-1))
         else:
             out = self.sampler(logits, b.sampling)
-        if self.keep_logits:
-            out.logits = logits.float()
-        out.started = started
+        out.logits, out.started = logits, started
         return out

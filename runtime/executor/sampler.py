@@ -25,7 +25,9 @@ class StepOutput:
     logprobs: torch.Tensor | None = None  # [B] float32, log p of the chosen token
     top_logprob_ids: torch.Tensor | None = None  # [B, K]
     top_logprobs: torch.Tensor | None = None  # [B, K]
-    logits: torch.Tensor | None = field(default=None, repr=False)  # kept for tests only
+    # the sampled rows' logits [B, vocab], as computed (a CUDA graph's are its output buffer:
+    # valid until the next forward)
+    logits: torch.Tensor | None = field(default=None, repr=False)
     # set by wait()
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] | None = None

@@ -9,7 +9,7 @@ import os
 import torch
 
 from seq2serve.encoders.encoder_input import ImageFeatures
-from seq2serve.encoders.pixel_store import PixelStore, _PREFIX
+from seq2serve.encoders.pixel_store import _PREFIX, PixelStore
 from seq2serve.tests.helpers import request
 from seq2serve.tests.unit.test_scheduler_policy import scheduler
 
