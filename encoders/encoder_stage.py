@@ -1,8 +1,9 @@
 """The encoder stage: fills the cross-attention K/V that newly admitted requests still miss.
 
 One ENCODE forward per scheduler step at most: the encoder runs once per distinct new input
-(text or a model's own input) over one packed, unpadded batch; inputs whose hidden states are cached only
-get their K/V projections. New hidden states are offered to the encoder cache's warm tier.
+(text, or a model-owned payload, batched through its own type) over one packed, unpadded
+batch; inputs whose hidden states are cached only get their K/V projections. New hidden states
+are offered to the encoder cache's warm tier.
 """
 
 from __future__ import annotations

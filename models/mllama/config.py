@@ -92,6 +92,12 @@ class MllamaConfig:
         """Prompt token ids may also be the <|image|> token, just past the vocabulary."""
         return max(self.text.vocab_size, self.image_token_id + 1)
 
+    def frontend_info(self) -> dict[str, Any]:
+        """What the TokenizerManager needs to preprocess images and place them in the prompt
+        (sent with the scheduler's info at start-up)."""
+        return {"has_vision": True, "image_token_id": self.image_token_id,
+                "tokens_per_tile": self.vision.num_patches}
+
     def default_max_encoder_len(self, max_images: int) -> int:
         """Cross K/V of `max_images` images of the most tiles."""
         return max_images * self.vision.max_num_tiles * self.vision.num_patches

@@ -1,7 +1,7 @@
 """RadixCache: decoder token prefixes whose K/V stay in the paged TokenToKVPool for reuse.
 
-Keys are page-aligned token sequences inside a namespace: for encoder-decoder and vision
-models the namespace starts with the encoder keys (a decoder prefix is only valid under the
+Keys are page-aligned token sequences inside a namespace: for models with cross-attention
+the namespace starts with the encoder keys (a decoder prefix is only valid under the
 same encoder output), and with the user when per-user isolation is on.
 
 Locking contract: `match_prefix` returns the deepest matching node; the caller must

@@ -55,11 +55,10 @@ def scheduler_info(scheduler: Scheduler) -> dict:
     runner = scheduler.worker.model_runner
     mem = scheduler.memory
     arch = scheduler.model_config.arch
-    vision = getattr(arch, "vision", None)
     return {
-        "has_vision": vision is not None,
-        "image_token_id": getattr(arch, "image_token_id", None),
-        "tokens_per_tile": vision.num_patches if vision is not None else 0,
+        # what the TokenizerManager needs to prepare the model's own inputs besides text
+        # (the model's config says; Mllama: its image processor's settings)
+        **(arch.frontend_info() if hasattr(arch, "frontend_info") else {}),
         "architecture": scheduler.model_config.architecture,
         "decoder_start_token_id": getattr(arch, "decoder_start_token_id", None),
         **dataclasses.asdict(scheduler.limits),  # what a request may be (ModelLimits)
