@@ -69,7 +69,7 @@ class ModelRunner:
         self.max_encoder_len = 0
         if arch.is_encoder_decoder:
             self.max_encoder_len = a.max_encoder_len or arch.max_length or _DEFAULT_MAX_LEN
-        elif arch.num_cross_attn_layers:  # a vision model: room for its images' tiles
+        elif arch.num_cross_attn_layers:  # a cross-attention decoder: room for its inputs
             self.max_encoder_len = (a.max_encoder_len
                                     or arch.default_max_encoder_len(a.max_images_per_request))
         elt = self.dtype.itemsize
