@@ -41,8 +41,13 @@ class PixelStore:
         if key not in self.sizes:
             data = pixels.contiguous().view(torch.uint8).numpy()
             tmp = self.path(key) + ".part"
-            with open(tmp, "wb") as f:
-                f.write(memoryview(data))
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(memoryview(data))
+            except OSError:  # no room: leave nothing behind
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
             os.replace(tmp, self.path(key))  # readers never see a half-written file
             self.sizes[key] = data.nbytes
         self.pins[key] = self.pins.get(key, 0) + 1

@@ -26,7 +26,8 @@ class Attention(nn.Module):
         self.scaling = scaling
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                fb: ForwardBatch | EncodeForwardBatch, position_bias: PositionBias | None = None) -> torch.Tensor:
+                fb: ForwardBatch | EncodeForwardBatch,
+                position_bias: PositionBias | None = None) -> torch.Tensor:
         q = q.view(-1, self.num_heads, self.head_dim)
         if k is not None:
             k = k.view(-1, self.num_kv_heads, self.head_dim)

@@ -65,12 +65,12 @@ class DecoderInputs:
 
     def present(self) -> frozenset[str]:
         """The optional fields this batch sets."""
-        return frozenset(f.name for f in optional_fields() if getattr(self, f.name) is not None)
+        return frozenset(f.name for f in _OPTIONAL if getattr(self, f.name) is not None)
 
     def upload(self, device: str | torch.device) -> dict[str, torch.Tensor | None]:
         """Every field on the device (copies queued without waiting), by name."""
         out = {}
-        for f in fields(DecoderInputs):
+        for f in _FIELDS:
             x = getattr(self, f.name)
             if x is not None:
                 x = torch.as_tensor(x).to(device=device, dtype=f.metadata["dtype"],
@@ -79,12 +79,16 @@ class DecoderInputs:
         return out
 
 
+_FIELDS = fields(DecoderInputs)  # looked up once: the per-step path reads them
+_OPTIONAL = tuple(f for f in _FIELDS if f.metadata["optional"])
+
+
 def input_fields() -> tuple:
-    return fields(DecoderInputs)
+    return _FIELDS
 
 
 def optional_fields() -> tuple:
-    return tuple(f for f in fields(DecoderInputs) if f.metadata["optional"])
+    return _OPTIONAL
 
 
 @dataclass

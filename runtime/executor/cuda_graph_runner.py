@@ -7,8 +7,9 @@ A replay pads the batch to its bucket with a dummy request (a table row of its o
 KV page 0, no encoder keys); encoder lengths, decoder lengths and key ranges are graph inputs.
 
 Short prefills replay the same graphs, one row per new token (`worker_batch.decode_rows`):
-a 16-token prompt over a cached encoder input, or T5's one start token per request, then costs one graph
-launch instead of an eager pass whose ~850 kernel launches take longer than the GPU's work.
+a 16-token prompt over a cached encoder input, or T5's one start token per request, then
+costs one graph launch instead of an eager pass whose ~850 kernel launches take longer than
+the GPU's work.
 """
 
 from __future__ import annotations

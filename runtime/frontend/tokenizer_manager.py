@@ -284,9 +284,15 @@ class TokenizerManager:
         image, pinned until the request ends), the request carrying only the files' names."""
         if not r.encoder_inputs:
             return r
-        return dataclasses.replace(r, encoder_inputs=[
-            img.stored(self.pixel_store.put(img.key, img.pixel_values))
-            for img in r.encoder_inputs])
+        stored = []
+        try:
+            for img in r.encoder_inputs:
+                stored.append(img.stored(self.pixel_store.put(img.key, img.pixel_values)))
+        except OSError:  # no room for the pixels: nothing of this request stays pinned
+            for img in stored:
+                self.pixel_store.release(img.key)
+            raise
+        return dataclasses.replace(r, encoder_inputs=stored)
 
     def _release(self, r: TokenizedRequest | None) -> None:
         for img in r.encoder_inputs if r is not None else ():
