@@ -8,7 +8,9 @@ runtime/kernels, which round norms and gated activations as the reference does (
 to the model's dtype before the weight multiply). Its one choice per call is by row count:
 a GEMM of at most `gemv_max_m` rows (SEQ2SERVE_GEMV_MAX_M, default 1: the Triton GEMV beats
 cuBLAS at 1 row on every mT5-large shape and loses at 2-4, benchmarks/bench_gemv.py) goes to
-the GEMV with the op before it in its prologue, more rows to cuBLAS.
+the GEMV with the op before it in its prologue; up to `skinny_max_m` rows
+(SEQ2SERVE_SKINNY_MAX_M, default 16) to the tensor-core skinny GEMM, after the op before it;
+more rows to cuBLAS.
 """
 
 from __future__ import annotations
@@ -70,15 +72,22 @@ class TritonOps(TorchOps):
     name = "triton"
 
     def __init__(self, gemv_max_m: int | None = None,
-                 gemv_blocks: tuple[int, int] | None = None) -> None:
-        from seq2serve.runtime.kernels import triton_gemv, triton_ops
+                 gemv_blocks: tuple[int, int] | None = None,
+                 skinny_max_m: int | None = None) -> None:
+        from seq2serve.runtime.kernels import triton_gemv, triton_ops, triton_skinny
 
-        self._k, self._gemv = triton_ops, triton_gemv
+        self._k, self._gemv, self._skinny = triton_ops, triton_gemv, triton_skinny
         if gemv_max_m is None:
             gemv_max_m = int(os.environ.get("SEQ2SERVE_GEMV_MAX_M", "1"))
-        self.gemv_max_m = gemv_max_m  # 0: always cuBLAS
+        if skinny_max_m is None:
+            skinny_max_m = int(os.environ.get("SEQ2SERVE_SKINNY_MAX_M", "16"))
+        self.gemv_max_m = gemv_max_m  # 0: never the GEMV
+        self.skinny_max_m = min(skinny_max_m, triton_skinny.MAX_M)  # 0: never the skinny GEMM
         block_n, block_k = gemv_blocks or (None, None)
         self._blocks = {"block_n": block_n, "block_k": block_k}
+        # the skinny GEMM's tile is at least 16 x 16 (the MMA shape)
+        self._skinny_blocks = ({"block_n": max(block_n, 16), "block_k": max(block_k, 16)}
+                               if gemv_blocks else {"block_n": None, "block_k": None})
 
     def _gemv_rows(self, x: torch.Tensor) -> bool:
         """Whether these rows go to the GEMV (the one per-call choice)."""
@@ -93,6 +102,8 @@ class TritonOps(TorchOps):
     def linear(self, x, weight, bias=None):
         if self._gemv_rows(x):
             return self._gemv.gemv(x, weight, bias, **self._blocks)
+        if x.dim() == 2 and 0 < x.shape[0] <= self.skinny_max_m and weight.stride(1) == 1:
+            return self._skinny.skinny_gemm(x, weight, bias, **self._skinny_blocks)
         return F.linear(x, weight, bias)
 
     def norm_linear(self, x, norm_weight, eps, weight, bias=None, residual=None):

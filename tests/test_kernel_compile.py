@@ -102,7 +102,7 @@ def _decode_tour(dtype: torch.dtype) -> None:
 
 def _fused_ops_tour(dtype: torch.dtype) -> None:
     """The ops the models use only on CUDA (norms, gated activations, the one-row GEMVs, the
-    KV store), at the widths of the real shapes."""
+    skinny GEMMs, the KV store), at the widths of the real shapes."""
     from seq2serve.runtime.kernels.activations import ACTIVATIONS
     from seq2serve.runtime.kernels.triton_gemv import MAX_M, gated_gemv, gemv, norm_gemv
     from seq2serve.runtime.kernels.triton_kv_store import store_kv
@@ -128,6 +128,12 @@ def _fused_ops_tour(dtype: torch.dtype) -> None:
     norm_gemv(x, norm_w, 1e-6, w, None, res, **blocks)
     x, res, norm_w = (torch.randn(*shape).to(dtype) for shape in [(MAX_M, 4096)] * 2 + [(4096,)])
     norm_gemv(x, norm_w, 1e-6, torch.randn(8, 4096).to(dtype), None, res, **blocks)  # whole rows
+    from seq2serve.runtime.kernels.triton_skinny import MAX_M as SKINNY_M
+    from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
+
+    for m in (2, SKINNY_M):  # batches of 2-16: the tensor-core skinny GEMM
+        skinny_gemm(torch.randn(m, 64).to(dtype), w, block_n=16, block_k=32)
+        skinny_gemm(torch.randn(m, 64).to(dtype), w, b, block_n=16, block_k=32)
     for act in ("silu", "gelu_new"):
         gated_gemv(torch.randn(1, 128).to(dtype), act, w, **blocks)
 

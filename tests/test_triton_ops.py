@@ -116,6 +116,51 @@ def test_gemv_refuses_what_it_does_not_handle():
         gemv(torch.zeros(1, 8), torch.zeros(8, 4).t(), block_n=2, block_k=8)
 
 
+@pytest.mark.parametrize("m, n, k, block_n, block_k", [
+    (2, 37, 64, 16, 32), (5, 130, 48, 32, 16), (16, 16, 256, 16, 64), (9, 64, 100, 64, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_gemm_matches_linear(m, n, k, block_n, block_k, with_bias):
+    from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
+
+    g = torch.Generator().manual_seed(m * n * k)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    w = torch.randn(n, k, generator=g).to(DEVICE)
+    b = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
+    ref = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(skinny_gemm(x, w, b, block_n=block_n, block_k=block_k), ref,
+                               atol=1e-4, rtol=1e-4)
+    # a row of a larger tensor (a strided view) reads as the copy would
+    wide = torch.randn(m, 2 * k, generator=g).to(DEVICE)
+    torch.testing.assert_close(skinny_gemm(wide[:, :k], w, block_n=block_n, block_k=block_k),
+                               torch.nn.functional.linear(wide[:, :k], w), atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_skinny_gemm_refuses_what_it_does_not_handle():
+    from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
+
+    for x, w in [(torch.zeros(17, 8), torch.zeros(4, 8)), (torch.zeros(0, 8), torch.zeros(4, 8)),
+                 (torch.zeros(2, 8), torch.zeros(8, 4).t()), (torch.zeros(8), torch.zeros(4, 8))]:
+        with pytest.raises(ValueError, match="skinny_gemm takes"):
+            skinny_gemm(x, w, block_n=16, block_k=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (autotuned path)")
+@pytest.mark.parametrize("m, n, k", [(2, 3072, 1024), (8, 5632, 1024), (16, 1024, 2816),
+                                     (5, 250112, 1024)])
+def test_skinny_gemm_autotuned_bf16(m, n, k):
+    from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(skinny_gemm(x, w, b).float(), ref, atol=2e-2, rtol=2e-2)
+    x32, w32 = x.float(), w.float()  # float32: IEEE products, not TF32
+    torch.testing.assert_close(skinny_gemm(x32, w32), x32 @ w32.T, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (autotuned path)")
 @pytest.mark.parametrize("m, n, k", [(1, 3072, 1024), (2, 5632, 1024), (4, 1024, 2816),

@@ -10,13 +10,22 @@ blocked); the caller keeps only the real tiles' outputs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from seq2serve.models.linear import Linear
 from seq2serve.models.mllama.config import MllamaVisionConfig
 from seq2serve.runtime.kernels.activations import torch_activation
+
+# the order the vision tower's attention tries PyTorch's kernels in (the first that takes the
+# call runs it): cuDNN's and FlashAttention's kernels are the fast ones on Hopper
+# (benchmarks/bench_vision.py); the masked padding call and CPUs fall through to the others
+VISION_SDPA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                        SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class AspectRatioEmbedding(nn.Module):
@@ -64,17 +73,17 @@ class VisionAttention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, [inner, inner, inner])
         self.o_proj = Linear(inner, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, real: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        """x [images, tokens, hidden]; `real`/`pad` index the tokens of each kind (the same
-        layout for every image in x). Real queries see every key; padding sees real keys."""
+    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        """x [images, tokens, hidden], every image with the same `layout`. Real queries see
+        every key, padding included (as HF); padding queries see the real keys only."""
         b, n, _ = x.shape
         q, k, v = (t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
                    for t in self.qkv_proj(x).chunk(3, dim=-1))
-        out = torch.empty_like(q)
-        out[:, :, real] = F.scaled_dot_product_attention(q[:, :, real], k, v)
-        if pad.numel():
-            out[:, :, pad] = F.scaled_dot_product_attention(q[:, :, pad], k[:, :, real],
-                                                            v[:, :, real])
+        with sdpa_kernel(VISION_SDPA_BACKENDS, set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v)  # one unmasked call: the fast kernels
+            if layout.pad.numel():  # the few padding queries again, without the padding keys
+                out[:, :, layout.pad] = F.scaled_dot_product_attention(
+                    q[:, :, layout.pad], k, v, attn_mask=layout.real_keys)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -92,8 +101,8 @@ class VisionLayer(nn.Module):
             self.gate_attn = nn.Parameter(torch.empty(1), requires_grad=False)
             self.gate_ffn = nn.Parameter(torch.empty(1), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, real: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), real, pad)
+    def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), layout)
         x = x + (self.gate_attn.tanh() * h if self.gated else h)
         h = self.fc2(self.act(self.fc1(self.post_attention_layernorm(x))))
         return x + (self.gate_ffn.tanh() * h if self.gated else h)
@@ -139,23 +148,23 @@ class MllamaVisionModel(nn.Module):
         # images with the same number of real tiles share one token layout: run them together
         for n in sorted(set(num_tiles)):
             sel = torch.tensor([i for i, t in enumerate(num_tiles) if t == n], device=x.device)
-            real, pad = _token_layout(n, tiles, patches, padded, x.device)
-            out[sel] = self._encode(x[sel], aspect_ratio_ids[sel], real, pad, patches, padded)
+            layout = TokenLayout.of(n, tiles, patches, padded, x.device)
+            out[sel] = self._encode(x[sel], aspect_ratio_ids[sel], layout, patches, padded)
         return [out[i, :t].reshape(t * patches, -1) for i, t in enumerate(num_tiles)]
 
-    def _encode(self, x, aspect_ratio_ids, real, pad, patches, padded) -> torch.Tensor:
+    def _encode(self, x, aspect_ratio_ids, layout, patches, padded) -> torch.Tensor:
         b, tiles, _, dim = x.shape
         h = x.reshape(b, tiles * padded, dim)
         keep: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.transformer):
-            h = layer(h, real, pad)
+            h = layer(h, layout)
             if i in self.cfg.intermediate_layers_indices:
                 keep[i] = h
         h = self.layernorm_post(h)
         h = self.post_tile_positional_embedding(h.reshape(b, tiles, padded, dim),
                                                 aspect_ratio_ids).reshape(b, tiles * padded, dim)
         for layer in self.global_transformer:
-            h = layer(h, real, pad)
+            h = layer(h, layout)
         inter = [keep[i] for i in self.cfg.intermediate_layers_indices]
         # HF stacks the intermediate states on a new last axis, then flattens (dim-major)
         stacked = torch.stack(inter, dim=-1).reshape(b, tiles * padded, -1)
@@ -163,10 +172,18 @@ class MllamaVisionModel(nn.Module):
         return h[:, :, :patches]
 
 
-def _token_layout(num_real_tiles: int, tiles: int, patches: int, padded: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of real and padding tokens in an image of `tiles` x `padded` tokens."""
-    pos = torch.arange(tiles * padded, device=device)
-    is_real = ((pos // padded) < num_real_tiles) & ((pos % padded) < patches)
-    return pos[is_real], pos[~is_real]
+@dataclass(frozen=True)
+class TokenLayout:
+    """Where the padding is in an image's `tiles` x `padded` tokens: `pad`, the padding tokens'
+    indices (padded patches of each tile, and whole tiles past the image's own); `real_keys`,
+    a [1, tokens] mask (an attention mask's shape) that is True at every real token."""
 
+    pad: torch.Tensor
+    real_keys: torch.Tensor
+
+    @classmethod
+    def of(cls, num_real_tiles: int, tiles: int, patches: int, padded: int,
+           device: torch.device) -> TokenLayout:
+        pos = torch.arange(tiles * padded, device=device)
+        is_real = ((pos // padded) < num_real_tiles) & ((pos % padded) < patches)
+        return cls(pos[~is_real], is_real[None, :])
