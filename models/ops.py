@@ -9,8 +9,8 @@ to the model's dtype before the weight multiply). Its one choice per call is by 
 a GEMM of at most `gemv_max_m` rows (SEQ2SERVE_GEMV_MAX_M, default 1: the Triton GEMV beats
 cuBLAS at 1 row on every mT5-large shape and loses at 2-4, benchmarks/bench_gemv.py) goes to
 the GEMV with the op before it in its prologue; up to `skinny_max_m` rows
-(SEQ2SERVE_SKINNY_MAX_M, default 16) to the tensor-core skinny GEMM, after the op before it;
-more rows to cuBLAS.
+(SEQ2SERVE_SKINNY_MAX_M, default 16) to the tensor-core skinny GEMM, likewise; more rows to
+the norm and activation kernels and cuBLAS.
 """
 
 from __future__ import annotations
@@ -89,9 +89,14 @@ class TritonOps(TorchOps):
         self._skinny_blocks = ({"block_n": max(block_n, 16), "block_k": max(block_k, 16)}
                                if gemv_blocks else {"block_n": None, "block_k": None})
 
-    def _gemv_rows(self, x: torch.Tensor) -> bool:
-        """Whether these rows go to the GEMV (the one per-call choice)."""
-        return x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m
+    def _small(self, x: torch.Tensor, weight: torch.Tensor):
+        """The kernel module for these rows (the one per-call choice): the GEMV, the skinny
+        GEMM, or None (the norm and activation kernels and cuBLAS)."""
+        if x.dim() != 2 or weight.stride(1) != 1:
+            return None
+        if 0 < x.shape[0] <= self.gemv_max_m:
+            return self._gemv
+        return self._skinny if 0 < x.shape[0] <= self.skinny_max_m else None
 
     def rms_norm(self, x, weight, eps, residual=None):
         out = self._k.rmsnorm(_rows(x), weight, eps, None if residual is None else _rows(residual))
@@ -100,24 +105,28 @@ class TritonOps(TorchOps):
         return out[0].view(x.shape), out[1].view(x.shape)
 
     def linear(self, x, weight, bias=None):
-        if self._gemv_rows(x):
-            return self._gemv.gemv(x, weight, bias, **self._blocks)
-        if x.dim() == 2 and 0 < x.shape[0] <= self.skinny_max_m and weight.stride(1) == 1:
-            return self._skinny.skinny_gemm(x, weight, bias, **self._skinny_blocks)
+        if (small := self._small(x, weight)) is self._gemv:
+            return small.gemv(x, weight, bias, **self._blocks)
+        if small is self._skinny:
+            return small.skinny_gemm(x, weight, bias, **self._skinny_blocks)
         return F.linear(x, weight, bias)
 
     def norm_linear(self, x, norm_weight, eps, weight, bias=None, residual=None):
-        if self._gemv_rows(x):
-            return self._gemv.norm_gemv(x, norm_weight, eps, weight, bias, residual,
-                                        **self._blocks)
+        if (small := self._small(x, weight)) is self._gemv:
+            return small.norm_gemv(x, norm_weight, eps, weight, bias, residual, **self._blocks)
+        if small is self._skinny:
+            return small.norm_skinny(x, norm_weight, eps, weight, bias, residual,
+                                     **self._skinny_blocks)
         return super().norm_linear(x, norm_weight, eps, weight, bias, residual)
 
     def gated(self, gate_up, activation):
         return self._k.gated_activation(_rows(gate_up), activation).view(*gate_up.shape[:-1], -1)
 
     def gated_linear(self, gate_up, activation, weight, bias=None):
-        if self._gemv_rows(gate_up):
-            return self._gemv.gated_gemv(gate_up, activation, weight, bias, **self._blocks)
+        if (small := self._small(gate_up, weight)) is self._gemv:
+            return small.gated_gemv(gate_up, activation, weight, bias, **self._blocks)
+        if small is self._skinny:
+            return small.gated_skinny(gate_up, activation, weight, bias, **self._skinny_blocks)
         return super().gated_linear(gate_up, activation, weight, bias)
 
 
