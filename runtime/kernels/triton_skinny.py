@@ -10,8 +10,10 @@ costs no memory traffic), accumulating in float32. The block shape is autotuned 
 CUDA (the graph runner warms every bucket before capture); `F.linear` is the reference.
 
 As the GEMV does, it folds the op before it into its prologue (`norm_skinny`: the RMS norm with
-the residual add; `gated_skinny`: the gated activation), with the GEMV's arithmetic and
-rounding: at batch 2-16 those small kernels' launches cost as much as the GEMM's own work.
+the residual add; `gated_skinny`: the gated activation), rounding as the GEMV and the separate
+kernels do (the norm's sum of squares is taken over K in chunks, all rows at once: the
+whole-row sums the GEMV makes, row by row, cost more than the GEMM at 16 rows): at batch 2-16
+those small kernels' launches cost as much as the GEMM's own work.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from seq2serve.runtime.kernels.triton_gemv import GATED, NORM, PLAIN, prepare, row_inverses
+from seq2serve.runtime.kernels.triton_gemv import GATED, NORM, PLAIN, prepare
 from seq2serve.runtime.kernels.triton_ops import gated, rms_scaled
 
 MAX_M = 16  # rows of x this kernel takes: the MMA's row count
@@ -59,10 +61,20 @@ def _skinny_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, strid
     n_ok = rn < N
     m_ok = rm < M
     inverses = tl.zeros((16,), dtype=tl.float32)
-    if PROLOGUE == 1:  # whole rows first, as the GEMV and `triton_ops.rmsnorm` sum them;
-        # program 0 writes x + res
-        inverses = row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES, 16,
-                                ROW_BLOCK)
+    if PROLOGUE == 1:  # 1 / rms of each row first, over K in chunks; program 0 writes x + res
+        squares = tl.zeros((16,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            ok = m_ok[:, None] & (kk < K)[None, :]
+            at = rm[:, None] * stride_xm + kk[None, :]
+            v = tl.load(x + at, mask=ok, other=0.0)
+            if HAS_RES:
+                r = tl.load(res + at, mask=ok, other=0.0)
+                v = (v.to(tl.float32) + r.to(tl.float32)).to(x.dtype.element_ty)
+                tl.store(res_out + at, v, mask=ok & ((rm * 0 + pid) == 0)[:, None])
+            v = v.to(tl.float32)
+            squares += tl.sum(v * v, axis=1)
+        inverses = tl.rsqrt(squares / K + eps)
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
@@ -93,7 +105,7 @@ def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | 
     args, meta, out, res_out = prepare("skinny_gemm", MAX_M, x, k, weight, bias, prologue,
                                        **prologue_args)
     n = weight.shape[0]
-    meta["IEEE"] = x.dtype == torch.float32
+    meta.update(IEEE=x.dtype == torch.float32, ROW_BLOCK=1)  # (rows are summed in chunks)
     if block_n is None:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _skinny_tuned[grid](*args, **meta)
