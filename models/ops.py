@@ -9,8 +9,10 @@ to the model's dtype before the weight multiply). Its one choice per call is by 
 a GEMM of at most `gemv_max_m` rows (SEQ2SERVE_GEMV_MAX_M, default 1: the Triton GEMV beats
 cuBLAS at 1 row on every mT5-large shape and loses at 2-4, benchmarks/bench_gemv.py) goes to
 the GEMV with the op before it in its prologue; up to `skinny_max_m` rows
-(SEQ2SERVE_SKINNY_MAX_M, default 16) to the tensor-core skinny GEMM, likewise; more rows to
-the norm and activation kernels and cuBLAS.
+(SEQ2SERVE_SKINNY_MAX_M, default 16) to the tensor-core skinny GEMM after the norm or
+activation kernel (folded into the skinny GEMM's prologue, as into the GEMV's, they cost more
+than the launches they save: every program recomputes them for 16 padded rows); more rows to
+cuBLAS.
 """
 
 from __future__ import annotations
@@ -112,21 +114,17 @@ class TritonOps(TorchOps):
         return F.linear(x, weight, bias)
 
     def norm_linear(self, x, norm_weight, eps, weight, bias=None, residual=None):
-        if (small := self._small(x, weight)) is self._gemv:
-            return small.norm_gemv(x, norm_weight, eps, weight, bias, residual, **self._blocks)
-        if small is self._skinny:
-            return small.norm_skinny(x, norm_weight, eps, weight, bias, residual,
-                                     **self._skinny_blocks)
+        if self._small(x, weight) is self._gemv:
+            return self._gemv.norm_gemv(x, norm_weight, eps, weight, bias, residual,
+                                        **self._blocks)
         return super().norm_linear(x, norm_weight, eps, weight, bias, residual)
 
     def gated(self, gate_up, activation):
         return self._k.gated_activation(_rows(gate_up), activation).view(*gate_up.shape[:-1], -1)
 
     def gated_linear(self, gate_up, activation, weight, bias=None):
-        if (small := self._small(gate_up, weight)) is self._gemv:
-            return small.gated_gemv(gate_up, activation, weight, bias, **self._blocks)
-        if small is self._skinny:
-            return small.gated_skinny(gate_up, activation, weight, bias, **self._skinny_blocks)
+        if self._small(gate_up, weight) is self._gemv:
+            return self._gemv.gated_gemv(gate_up, activation, weight, bias, **self._blocks)
         return super().gated_linear(gate_up, activation, weight, bias)
 
 

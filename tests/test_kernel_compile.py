@@ -128,18 +128,14 @@ def _fused_ops_tour(dtype: torch.dtype) -> None:
     norm_gemv(x, norm_w, 1e-6, w, None, res, **blocks)
     x, res, norm_w = (torch.randn(*shape).to(dtype) for shape in [(MAX_M, 4096)] * 2 + [(4096,)])
     norm_gemv(x, norm_w, 1e-6, torch.randn(8, 4096).to(dtype), None, res, **blocks)  # whole rows
+    from seq2serve.runtime.kernels.triton_skinny import MAX_M as SKINNY_M
+    from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
+
+    for m in (2, SKINNY_M):  # batches of 2-16: the tensor-core skinny GEMM
+        skinny_gemm(torch.randn(m, 64).to(dtype), w, block_n=16, block_k=32)
+        skinny_gemm(torch.randn(m, 64).to(dtype), w, b, block_n=16, block_k=32)
     for act in ("silu", "gelu_new"):
         gated_gemv(torch.randn(1, 128).to(dtype), act, w, **blocks)
-    from seq2serve.runtime.kernels import triton_skinny as sk
-
-    blocks = dict(block_n=16, block_k=32)
-    for m in (2, sk.MAX_M):  # batches of 2-16: the tensor-core skinny GEMM and its prologues
-        x, res = torch.randn(m, 64).to(dtype), torch.randn(m, 64).to(dtype)
-        sk.skinny_gemm(x, w, **blocks)
-        sk.skinny_gemm(x, w, b, **blocks)
-        sk.norm_skinny(x, norm_w[:64], 1e-6, w, **blocks)
-        sk.norm_skinny(x, norm_w[:64], 1e-6, w, None, res, **blocks)
-        sk.gated_skinny(torch.randn(m, 128).to(dtype), "gelu_new", w, **blocks)
 
 
 @pytest.fixture(scope="module")

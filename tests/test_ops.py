@@ -36,6 +36,10 @@ def test_gemv_rows_follow_the_environment(monkeypatch):
     assert TritonOps().gemv_max_m == 0
     monkeypatch.setenv("SEQ2SERVE_GEMV_MAX_M", "3")
     assert TritonOps().gemv_max_m == 3
+    monkeypatch.setenv("SEQ2SERVE_SKINNY_MAX_M", "0")
+    assert TritonOps().skinny_max_m == 0
+    monkeypatch.setenv("SEQ2SERVE_SKINNY_MAX_M", "64")  # no more than the kernel takes
+    assert TritonOps().skinny_max_m == 16
 
 
 def _greedy(path: str, ops: TorchOps | None, prompts: list[tuple[list[int], list[int]]]):

@@ -136,39 +136,6 @@ def test_skinny_gemm_matches_linear(m, n, k, block_n, block_k, with_bias):
                                rtol=1e-4)
 
 
-@pytest.mark.parametrize("m, n, k, block_n, block_k", [
-    (2, 37, 64, 16, 32), (5, 130, 48, 32, 16), (16, 16, 256, 16, 64)])
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_norm_skinny_is_rmsnorm_then_linear(m, n, k, block_n, block_k, with_residual):
-    from seq2serve.runtime.kernels.triton_skinny import norm_skinny
-
-    g = torch.Generator().manual_seed(m * n * k + with_residual)
-    x, res = (torch.randn(m, k, generator=g).to(DEVICE) for _ in range(2))
-    w = torch.randn(n, k, generator=g).to(DEVICE)
-    b = torch.randn(n, generator=g).to(DEVICE)
-    norm = RMSNorm(k, 1e-6).to(DEVICE)
-    norm.weight.data = torch.randn(k, generator=g).to(DEVICE)
-    out, summed = norm_skinny(x, norm.weight, norm.eps, w, b, res if with_residual else None,
-                              block_n=block_n, block_k=block_k)
-    x_ref = x + res if with_residual else x
-    torch.testing.assert_close(out, torch.nn.functional.linear(norm(x_ref), w, b),
-                               atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(summed, x_ref)
-
-
-@pytest.mark.parametrize("activation", ["gelu_new", "silu"])
-@pytest.mark.parametrize("m, n, k", [(2, 24, 40), (11, 33, 130)])
-def test_gated_skinny_is_gated_activation_then_linear(activation, m, n, k):
-    from seq2serve.runtime.kernels.triton_skinny import gated_skinny
-
-    g = torch.Generator().manual_seed(m * n * k)
-    gate_up = torch.randn(m, 2 * k, generator=g).to(DEVICE)
-    w = torch.randn(n, k, generator=g).to(DEVICE)
-    act = torch_activation(activation)(gate_up[:, :k]) * gate_up[:, k:]
-    torch.testing.assert_close(gated_skinny(gate_up, activation, w, block_n=16, block_k=32),
-                               torch.nn.functional.linear(act, w), atol=1e-4, rtol=1e-4)
-
-
 def test_skinny_gemm_refuses_what_it_does_not_handle():
     from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
 
@@ -192,21 +159,7 @@ def test_skinny_gemm_autotuned_bf16(m, n, k):
     torch.testing.assert_close(skinny_gemm(x, w, b).float(), ref, atol=2e-2, rtol=2e-2)
     x32, w32 = x.float(), w.float()  # float32: IEEE products, not TF32
     torch.testing.assert_close(skinny_gemm(x32, w32), x32 @ w32.T, atol=1e-4, rtol=1e-4)
-    # the folded prologues, against the unfused kernels in bf16 (as for the GEMV)
-    from seq2serve.runtime.kernels.triton_skinny import gated_skinny, norm_skinny
 
-    res = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    norm = RMSNorm(k).cuda().to(torch.bfloat16)
-    norm.weight.data.uniform_(0.5, 1.5)
-    normed, summed = rmsnorm(x, norm.weight, norm.eps, res)
-    out, summed2 = norm_skinny(x, norm.weight, norm.eps, w, None, res)
-    assert torch.equal(summed2, summed)
-    torch.testing.assert_close(out.float(), skinny_gemm(normed, w).float(), atol=2e-2,
-                               rtol=2e-2)
-    gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(gated_skinny(gate_up, "gelu_new", w).float(),
-                               skinny_gemm(gated_activation(gate_up, "gelu_new"), w).float(),
-                               atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ from seq2serve.runtime.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_e
 from seq2serve.runtime.kernels.triton_ops import gated, rms_inverse, rms_scaled
 
 MAX_M = 4  # rows of x this kernel takes (models/ops.py sends it only 1 by default)
-PLAIN, NORM, GATED = 0, 1, 2  # prologues
+_PLAIN, _NORM, _GATED = 0, 1, 2  # prologues
 
 
 @triton.jit
@@ -47,7 +47,7 @@ def _summed(x, res, row, kk, k_ok, stride_xm, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES: tl.constexpr,
+def _row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES: tl.constexpr,
                   M_PAD: tl.constexpr, ROW_BLOCK: tl.constexpr):
     """1 / rms of each row of x (+ res) [M_PAD], each whole row summed at once as in
     `triton_ops.rmsnorm`; program 0 writes the summed rows to res_out."""
@@ -110,7 +110,7 @@ def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_
         gdc_wait()  # x (and everything we write) belongs to the kernels before us
     inverses = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 1:
-        inverses = row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES, M_PAD,
+        inverses = _row_inverses(x, res, res_out, pid, M, K, stride_xm, eps, HAS_RES, M_PAD,
                                  ROW_BLOCK)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     acc = _chunk(acc, inverses, wt, rk, rk < K, rm, x, res, norm_w, M, K, stride_xm,
@@ -134,14 +134,14 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw)
 _gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE"])(_gemv_kernel)
 
 
-def prepare(name: str, max_m: int, x: torch.Tensor, k: int, weight: torch.Tensor,
-            bias: torch.Tensor | None, prologue: int, *, norm_weight=None, eps: float = 0.0,
+def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | None,
+            prologue: int, block_n: int | None, block_k: int | None, *,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
             residual: torch.Tensor | None = None, act: str = "silu"):
-    """The checked arguments and constexprs of a GEMV-like launch (this kernel's and the
-    skinny GEMM's, triton_skinny.py), and its outputs: (args, meta, out, res_out)."""
-    m, n = (x.shape[0] if x.dim() == 2 else 0), weight.shape[0]
-    if x.dim() != 2 or not 0 < m <= max_m or weight.shape[1] != k or weight.stride(1) != 1:
-        raise ValueError(f"{name} takes x [1..{max_m}, K] and a row-major weight [N, K]; got "
+    m = x.shape[0]
+    n = weight.shape[0]
+    if m > MAX_M or x.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1:
+        raise ValueError(f"gemv takes x [<= {MAX_M}, K] and a row-major weight [N, K]; got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
     x = x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -155,17 +155,10 @@ def prepare(name: str, max_m: int, x: torch.Tensor, k: int, weight: torch.Tensor
             unused if residual is None else residual, unused if res_out is None else res_out,
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), eps)
     meta = dict(HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
-                ACT=ACTIVATIONS[act],
-                ROW_BLOCK=triton.next_power_of_2(k) if prologue == NORM else 1)
-    return args, meta, out, res_out
-
-
-def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | None,
-            prologue: int, block_n: int | None, block_k: int | None, **prologue_args):
-    args, meta, out, res_out = prepare("gemv", MAX_M, x, k, weight, bias, prologue,
-                                       **prologue_args)
-    n = weight.shape[0]
-    meta.update(M_PAD=triton.next_power_of_2(x.shape[0]), PDL=pdl_enabled(), **pdl_launch())
+                ACT=ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m),
+                ROW_BLOCK=triton.next_power_of_2(k) if prologue == _NORM else 1,
+                PDL=pdl_enabled(),
+                **pdl_launch())
     if block_n is None:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _gemv_tuned[grid](*args, **meta)
@@ -179,7 +172,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          block_n: int | None = None, block_k: int | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_M) times weight [N, K] transposed, plus bias [N]. Block sizes are
     autotuned unless given (the CPU tests give them: the interpreter cannot time anything)."""
-    return _launch(x, x.shape[-1], weight, bias, PLAIN, block_n, block_k)[0]
+    return _launch(x, x.shape[-1], weight, bias, _PLAIN, block_n, block_k)[0]
 
 
 def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
@@ -187,7 +180,7 @@ def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: to
               block_n: int | None = None, block_k: int | None = None):
     """(rmsnorm(x + residual) @ weight.T + bias, x + residual): `triton_ops.rmsnorm` (same
     rounding) and the GEMV in one kernel. Without `residual`, the second item is x itself."""
-    out, summed = _launch(x, x.shape[-1], weight, bias, NORM, block_n, block_k,
+    out, summed = _launch(x, x.shape[-1], weight, bias, _NORM, block_n, block_k,
                           norm_weight=norm_weight, eps=eps, residual=residual)
     return out, (x if summed is None else summed)
 
@@ -199,5 +192,5 @@ def gated_gemv(gate_up: torch.Tensor, act: str, weight: torch.Tensor,
     the GEMV in one kernel."""
     if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
         raise ValueError(f"gated_gemv takes [gate | up] rows; got {tuple(gate_up.shape)}")
-    return _launch(gate_up, gate_up.shape[-1] // 2, weight, bias, GATED, block_n, block_k,
+    return _launch(gate_up, gate_up.shape[-1] // 2, weight, bias, _GATED, block_n, block_k,
                    act=act)[0]
