@@ -80,7 +80,12 @@ class VisionAttention(nn.Module):
         q, k, v = (t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
                    for t in self.qkv_proj(x).chunk(3, dim=-1))
         with sdpa_kernel(VISION_SDPA_BACKENDS, set_priority=True):
-            out = F.scaled_dot_product_attention(q, k, v)  # one unmasked call: the fast kernels
+            # unmasked calls, for the fast kernels; one per image: cuDNN builds a plan for
+            # each new shape (seconds), and an image's shape takes one of max_num_tiles values
+            out = torch.empty_like(q)
+            for i in range(b):
+                out[i:i + 1] = F.scaled_dot_product_attention(q[i:i + 1], k[i:i + 1],
+                                                              v[i:i + 1])
             if layout.pad.numel():  # the few padding queries again, without the padding keys
                 out[:, :, layout.pad] = F.scaled_dot_product_attention(
                     q[:, :, layout.pad], k, v, attn_mask=layout.real_keys)
