@@ -1,5 +1,6 @@
 """Mllama-11B's vision tower on fresh 4-tile images against the card's measured bf16 matmul
-peak, with each of PyTorch's attention kernels first (random weights, bf16, CUDA).
+peak, with each of PyTorch's attention kernels first (cuDNN's, as SEQ2SERVE_VISION_CUDNN=1
+runs it: one call per image) (random weights, bf16, CUDA).
 
     python benchmarks/bench_vision.py [--images 64 --batch 16]
 
@@ -75,9 +76,10 @@ def main() -> None:
               "tflop": flops / 1e12, "matmul_peak_tflops": peak, "orders": {}}
     print(f"bf16 matmul peak {peak:.0f} TFLOP/s; {result['images']} images x {tiles} tiles: "
           f"{flops / 1e12:.0f} TFLOP", flush=True)
-    orders = {"cudnn first (default)": list(vision.VISION_SDPA_BACKENDS),
-              "flash first": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                              SDPBackend.MATH],
+    flash = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    orders = {"cudnn first, per image (SEQ2SERVE_VISION_CUDNN=1)":
+              [SDPBackend.CUDNN_ATTENTION] + flash,
+              "flash first (default)": flash,
               "efficient first": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]}
     default = list(vision.VISION_SDPA_BACKENDS)
     patches = cfg.num_patches + (8 - cfg.num_patches % 8) % 8
@@ -91,6 +93,7 @@ def main() -> None:
     with torch.inference_mode():
         for name, order in orders.items():
             vision.VISION_SDPA_BACKENDS[:] = order
+            vision.VISION_CUDNN = order[0] == SDPBackend.CUDNN_ATTENTION
             run = lambda: [model(pixels, ratio_ids, [tiles] * args.batch)  # noqa: E731
                            for _ in range(calls)]
             cold = _time(lambda: model(pixels[:3], ratio_ids[:3], [tiles] * 3), repeats=1)
@@ -104,12 +107,13 @@ def main() -> None:
                                       "share_of_peak": tflops / peak,
                                       "attention_alone_tflops": attn_tflops,
                                       "first_call_ms_3_images": cold}
-            print(f"{name:24s} {ms / 1e3:6.2f} s  {ms / result['images']:6.1f} ms/image  "
+            print(f"{name:52s} {ms / 1e3:6.2f} s  {ms / result['images']:6.1f} ms/image  "
                   f"{tflops:5.0f} TFLOP/s  {100 * tflops / peak:4.1f} % of the matmul peak; "
                   f"one layer's attention alone {attn_tflops:4.0f} TFLOP/s; first call of 3 images "
                   f"{cold:.0f} ms",
                   flush=True)
     vision.VISION_SDPA_BACKENDS[:] = default
+    vision.VISION_CUDNN = default[0] == SDPBackend.CUDNN_ATTENTION
     print(json.dumps(result))
 
 
