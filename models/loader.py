@@ -46,7 +46,8 @@ def load_model(model_config, device: str, dtype: torch.dtype,
                load_format: str = "safetensors", ops: TorchOps | None = None) -> nn.Module:
     """Build the model and fill it: from the checkpoint, or with random values of sane scale
     (load_format "dummy": benchmarks of real shapes without weights on disk). Its layers
-    compute through `ops` (models/ops.py), by default the device's: chosen here, once."""
+    compute through `ops` (models/ops.py), by default the device's: chosen here, once, and
+    warmed for the model's weight shapes."""
     cls = registry.model_class(model_config.architecture)
     if load_format == "safetensors":
         files = checkpoint_files(model_config.model_path)  # fail before allocating anything
@@ -61,7 +62,9 @@ def load_model(model_config, device: str, dtype: torch.dtype,
         load_weights(model, files)
     if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
         model.init_buffers()
-    use_ops(model, ops if ops is not None else ops_for(device))
+    ops = ops if ops is not None else ops_for(device)
+    use_ops(model, ops)
+    ops.warm(model)  # kernels tuned for its weight shapes now, not at a request
     return model.eval()
 
 

@@ -65,6 +65,9 @@ class TorchOps:
         """linear(gated(gate_up)): a gated MLP's down projection."""
         return self.linear(self.gated(gate_up, activation), weight, bias)
 
+    def warm(self, model: nn.Module) -> None:
+        """Prepare the kernels for `model`'s weights before serving (nothing to do here)."""
+
 
 class TritonOps(TorchOps):
     """The Triton kernels (CUDA; on the CPU under TRITON_INTERPRET=1, for tests).
@@ -99,6 +102,22 @@ class TritonOps(TorchOps):
         if 0 < x.shape[0] <= self.gemv_max_m:
             return self._gemv
         return self._skinny if 0 < x.shape[0] <= self.skinny_max_m else None
+
+    @torch.inference_mode()
+    def warm(self, model):
+        """Autotune the GEMV and the skinny GEMM for every weight shape of `model` that runs
+        through these ops, at load: a new shape's tuning takes about a second, which the first
+        request of a new shape (a short source's cross K/V projection) would otherwise wait."""
+        seen = set()
+        for module in model.modules():
+            w = getattr(module, "weight", None)
+            if (getattr(module, "ops", None) is not self or not isinstance(w, torch.Tensor)
+                    or w.dim() != 2 or (tuple(w.shape), w.dtype) in seen
+                    or (w.device.type != "cuda" and self._blocks["block_n"] is None)):
+                continue  # (off CUDA only fixed blocks run: the interpreter cannot tune)
+            seen.add((tuple(w.shape), w.dtype))
+            for rows in {min(1, self.gemv_max_m), min(2, self.skinny_max_m)} - {0}:
+                self.linear(torch.zeros(rows, w.shape[1], dtype=w.dtype, device=w.device), w)
 
     def rms_norm(self, x, weight, eps, residual=None):
         out = self._k.rmsnorm(_rows(x), weight, eps, None if residual is None else _rows(residual))

@@ -31,6 +31,24 @@ def test_load_model_sets_the_ops_of_every_layer_once(t5_dir):
         >= {"RMSNorm", "Linear", "GatedMLP"}
 
 
+def test_loading_warms_the_small_row_kernels_for_every_weight_shape(t5_dir, monkeypatch):
+    """A new shape's autotuning takes a second on a GPU: done at load, not at a request."""
+    from seq2serve.runtime.kernels import triton_gemv, triton_skinny
+
+    calls = []
+    for module, name in [(triton_gemv, "gemv"), (triton_skinny, "skinny_gemm")]:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda x, w, *a, real=real, **k: (
+            calls.append((x.shape[0], tuple(w.shape))), real(x, w, *a, **k))[1])
+    config = ModelConfig.from_path(t5_dir)
+    model = load_model(config, "cpu", torch.float32, ops=TritonOps(gemv_blocks=(16, 16)))
+    shapes = {tuple(m.weight.shape) for m in model.modules()
+              if type(m).__name__ == "Linear"}
+    assert {s for rows, s in calls if rows == 1} == shapes  # the GEMV
+    assert {s for rows, s in calls if rows == 2} == shapes  # the skinny GEMM
+    assert len(calls) == 2 * len(shapes)  # each shape once
+
+
 def test_gemv_rows_follow_the_environment(monkeypatch):
     monkeypatch.setenv("SEQ2SERVE_GEMV_MAX_M", "0")
     assert TritonOps().gemv_max_m == 0
