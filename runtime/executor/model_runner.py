@@ -54,6 +54,8 @@ class ModelRunner:
         self.sampler = Sampler()
         # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
         self.model_optional_inputs = frozenset(getattr(self.model, "optional_inputs", ()))
+        if self.device.startswith("cuda") and model_config.arch.is_encoder_decoder:
+            self._warm_encoder()
         self.graph_runner = None
         if (self.device.startswith("cuda") and self.backend_name == "triton"
                 and not args.disable_cuda_graph):
@@ -98,6 +100,14 @@ class ModelRunner:
             0 if self.cross_kv_pool is None else self.cross_kv_pool.capacity_tokens,
             ps, self.req_to_token_pool.size,
         )
+
+    def _warm_encoder(self) -> None:
+        """Encode a 2-token source once, its cross K/V written to slots no request owns yet:
+        the encoder's kernels compile now, not in the first request (1.0 s of its 1.6 s on an
+        H100, mT5-large: benchmarks/profile_first_request.py)."""
+        self.encode(EncodeBatch(token_ids=torch.tensor([3, 1]), model_input=None,
+                                segment_lens=[2], cross_out_loc=torch.arange(2)))
+        torch.cuda.synchronize()
 
     @property
     def pools(self) -> dict:
