@@ -65,6 +65,19 @@ class MllamaOracle:
     def generate_ids(self, input_ids: list[int], images: list,
                      max_new_tokens: int) -> list[int]:
         """HF's greedy tokens for given token ids, the mask built by HF's processor helpers."""
+        return self._generate(self._inputs(input_ids, images), max_new_tokens)
+
+    def beams(self, input_ids: list[int], images: list, max_new_tokens: int,
+              **gen) -> list[tuple[list[int], float]]:
+        """HF's beam search hypotheses (generated tokens, sequences_scores), best first."""
+        inputs = self._inputs(input_ids, images)
+        with torch.no_grad():
+            out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                      output_scores=True, return_dict_in_generate=True, **gen)
+        n = inputs["input_ids"].shape[1]
+        return list(zip(out.sequences[:, n:].tolist(), out.sequences_scores.tolist()))
+
+    def _inputs(self, input_ids: list[int], images: list) -> dict:
         from transformers.models.mllama.processing_mllama import (
             convert_sparse_cross_attention_mask_to_dense,
             get_cross_attention_token_mask,
@@ -80,7 +93,7 @@ class MllamaOracle:
                 [tokens], num_tiles, self.processor.image_processor.max_image_tiles,
                 len(input_ids))
             inputs.update(pix, cross_attention_mask=torch.tensor(mask))
-        return self._generate(inputs, max_new_tokens)
+        return inputs
 
     def _generate(self, inputs, max_new_tokens: int) -> list[int]:
         with torch.no_grad():

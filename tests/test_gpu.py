@@ -199,3 +199,33 @@ def test_decode_splits_graphs_and_dtypes(tmp_path, monkeypatch, family, dtype):
     for other in (eager, native):
         agree = sum(graphs[k][:4] == other[k][:4] for k in graphs)
         assert agree >= len(graphs) - 1, (graphs, other)
+
+
+def test_beam_search_matches_hf_with_graphs_in_float32_and_bfloat16(t5_checkpoints):
+    """Beam rows in the Triton backend's decode graphs: HF's hypotheses in float32, and in
+    bf16 the same results with CUDA graphs on and off."""
+    from seq2serve.tests.test_beam_search import CASES, beam_request, hf_beams, run
+
+    path = t5_checkpoints["t5_relu_untied"]
+    tok = load_tokenizer(path)
+    sources = [tok(s).input_ids for s in SOURCES[:3]]
+
+    def beams(**kwargs):
+        sched = make_scheduler(path, device="cuda", attention_backend="triton", page_size=4,
+                               **kwargs)
+        for c, case in enumerate(CASES):
+            for s, ids in enumerate(sources):
+                sched.add_request(beam_request(f"c{c}s{s}", ids, *case))
+            sched.add_request(request(f"g{c}", sources[c % 3], max_new_tokens=10))
+        return run(sched)
+
+    got = beams(dtype="float32")
+    for c, case in enumerate(CASES):
+        for s, ids in enumerate(sources):
+            hyps = hf_beams(path, ids, *case)
+            rids = [f"c{c}s{s}"] + [f"c{c}s{s}-{i}" for i in range(1, len(hyps))]
+            for r, (tokens, score) in zip(rids, hyps):
+                assert got[r][0] == tokens, r
+                assert got[r][1]["beam_score"] == pytest.approx(score, abs=1e-3), r
+    graphs, eager = beams(dtype="bfloat16"), beams(dtype="bfloat16", disable_cuda_graph=True)
+    assert {r: v[0] for r, v in graphs.items()} == {r: v[0] for r, v in eager.items()}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 _DISABLED_TOP_K = -1
+MAX_BEAMS = 32
 
 
 @dataclass
@@ -25,6 +26,12 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     seed: int | None = None
+    # beam search (HF's `generate(num_beams=..., do_sample=False)`): num_beams 1 = off
+    num_beams: int = 1
+    num_return_sequences: int = 1  # results per prompt, best first (<= num_beams)
+    length_penalty: float = 1.0  # finished score = sum of log-probs / length ** length_penalty
+    early_stopping: bool | str = False  # True, False or "never" (HF's meaning)
+    no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice (any decoding)
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -76,10 +83,38 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        self._validate_beams()
+
+    def _validate_beams(self) -> None:
+        _int("num_beams", self.num_beams, lo=1, hi=MAX_BEAMS)
+        _int("num_return_sequences", self.num_return_sequences, lo=1)
+        if self.num_return_sequences > self.num_beams:
+            raise ValueError(f"num_return_sequences ({self.num_return_sequences}) must not "
+                             f"exceed num_beams ({self.num_beams})")
+        _num("length_penalty", self.length_penalty, lo=-100.0, hi=100.0)
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise ValueError(f'early_stopping must be true, false or "never", got '
+                             f"{self.early_stopping!r}")
+        _int("no_repeat_ngram_size", self.no_repeat_ngram_size, lo=0)
+        if self.num_beams == 1:
+            return
+        # beam search is deterministic (HF's do_sample=False): what it cannot honour is refused
+        refused = [name for name, on in (
+            ("n", self.n != 1), ("stop", bool(self.stop)),
+            ("frequency_penalty", self.frequency_penalty != 0.0),
+            ("presence_penalty", self.presence_penalty != 0.0)) if on]
+        if refused:
+            raise ValueError(f"{', '.join(refused)} cannot be combined with num_beams > 1 "
+                             f"(use num_return_sequences for several results; stop_token_ids "
+                             f"end a hypothesis)")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def is_beam(self) -> bool:
+        return self.num_beams > 1
 
     @property
     def top_k_or_none(self) -> int | None:

@@ -25,6 +25,9 @@ class StepOutput:
     logprobs: torch.Tensor | None = None  # [B] float32, log p of the chosen token
     top_logprob_ids: torch.Tensor | None = None  # [B, K]
     top_logprobs: torch.Tensor | None = None  # [B, K]
+    # beam search: each group's best candidates, groups in the batch's bucket order
+    beam_values: torch.Tensor | None = None  # [sum of keeps] float32 accumulated log-probs
+    beam_ids: torch.Tensor | None = None  # [sum of keeps] int64: row in group * vocab + token
     # the sampled rows' logits [B, vocab], as computed (a CUDA graph's are its output buffer:
     # valid until the next forward)
     logits: torch.Tensor | None = field(default=None, repr=False)
@@ -32,13 +35,15 @@ class StepOutput:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
+    beam_candidates: tuple[list[float], list[int]] | None = None
     device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
     _host: tuple = field(default=(), repr=False)
     _event: torch.cuda.Event | None = field(default=None, repr=False)
     started: torch.cuda.Event | None = field(default=None, repr=False)
 
     def _tensors(self) -> tuple:
-        return self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs
+        return (self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs,
+                self.beam_values, self.beam_ids)
 
     def copy_to_host(self) -> StepOutput:
         """Queue the copy. With a `started` event (the model runner records one just before
@@ -64,23 +69,30 @@ class StepOutput:
             self._event.synchronize()
             if self.started is not None:
                 self.device_seconds = self.started.elapsed_time(self._event) / 1e3
-        ids, logprobs, top_ids, top_vals = self._host or self._tensors()
+        ids, logprobs, top_ids, top_vals, beam_values, beam_ids = self._host or self._tensors()
         self.token_ids = ids.tolist()
         if logprobs is not None:
             self.token_logprobs = logprobs.tolist()
         if top_vals is not None:
             self.top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+        if beam_values is not None:
+            self.beam_candidates = beam_values.tolist(), beam_ids.tolist()
         return self
 
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
         logits = logits.float()
+        if sb.beam_rows is not None:  # HF's beam search: processors act on log-probs
+            logits = logits.index_put((sb.beam_rows,),
+                                      torch.log_softmax(logits[sb.beam_rows], dim=-1))
         if sb.penalty_ids is not None:
             logits = _apply_penalties(logits, sb)
         if sb.banned_rows is not None:
             logits[sb.banned_rows, sb.banned_cols] = float("-inf")
         out = StepOutput(next_token_ids=self._sample(logits, sb))
+        if sb.beam_rows is not None:
+            out.beam_values, out.beam_ids = _beam_candidates(logits, sb)
         if sb.want_logprobs:
             logprobs = torch.log_softmax(logits, dim=-1)
             out.logprobs = logprobs.gather(1, out.next_token_ids[:, None]).squeeze(1)
@@ -105,6 +117,21 @@ class Sampler:
                                                                       probs.shape[-1]), noise)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(sb.greedy, argmax, sampled)
+
+
+def _beam_candidates(logprobs: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor,
+                                                                         torch.Tensor]:
+    """Each beam group's best `keep` (score + log-prob, row * vocab + token), best first; one
+    top-k per bucket of equally shaped groups."""
+    scores = logprobs[sb.beam_rows] + sb.beam_scores
+    vocab, start, values, ids = scores.shape[-1], 0, [], []
+    for groups, rows, keep in sb.beam_buckets:
+        block = scores[start:start + groups * rows].view(groups, rows * vocab)
+        v, i = block.topk(keep, dim=-1)
+        values.append(v.flatten())
+        ids.append(i.flatten())
+        start += groups * rows
+    return torch.cat(values), torch.cat(ids)
 
 
 def _filter(probs: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:

@@ -42,18 +42,33 @@ class SamplingBatch:
     # log probabilities to return
     want_logprobs: bool
     top_logprobs_num: int
+    # beam search: these rows' logits become log-probs before the penalties and bans (HF's
+    # order), plus each row's beam score; then each group's best `keep` candidates over its
+    # rows. Groups come in buckets of equal (rows, keep), their rows contiguous in beam_rows.
+    beam_rows: torch.Tensor | None = None  # [R] int64 batch rows
+    beam_scores: torch.Tensor | None = None  # [R, 1] float32
+    beam_buckets: tuple[tuple[int, int, int], ...] = ()  # (groups, rows per group, keep)
+
+    @classmethod
+    def beam_layout(cls, rows: list[int], scores: list[float],
+                    buckets: list[tuple[int, int, int]], device: str) -> dict:
+        """The beam fields, to pass to `from_reqs(beams=...)`."""
+        return {"beam_rows": torch.tensor(rows, dtype=torch.int64).to(device),
+                "beam_scores": torch.tensor(scores, dtype=torch.float32).view(-1, 1).to(device),
+                "beam_buckets": tuple(buckets)}
 
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
-                  device: str, pending: int = 0) -> SamplingBatch:
+                  device: str, pending: int = 0, beams: dict | None = None) -> SamplingBatch:
         """`pending`: tokens each request has generated that the host has not seen yet (the
-        overlap scheduler's one step of lag); they count for seeds and min_new_tokens."""
+        overlap scheduler's one step of lag); they count for seeds and min_new_tokens.
+        `beams`: `beam_layout(...)` when the batch has beam search rows."""
         sps = [r.sampling_params for r in reqs]
 
         def col(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype).view(-1, 1).to(device, non_blocking=True)
 
-        greedy = [sp.is_greedy for sp in sps]
+        greedy = [sp.is_greedy or sp.is_beam for sp in sps]  # beams draw no random numbers
         top_ks = [sp.top_k_or_none or vocab_size for sp in sps]
         top_ps = [sp.top_p for sp in sps]
         min_ps = [sp.min_p for sp in sps]
@@ -67,6 +82,10 @@ class SamplingBatch:
                 ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
                 banned_rows += [i] * len(ban)
                 banned_cols += sorted(ban)
+            if sp.no_repeat_ngram_size:
+                ban = banned_ngram_tokens(r.fill_ids, sp.no_repeat_ngram_size)
+                banned_rows += [i] * len(ban)
+                banned_cols += ban
 
         def padded(seqs: list[list[int]]) -> torch.Tensor:
             width = max(1, max(len(s) for s in seqs))
@@ -98,4 +117,15 @@ class SamplingBatch:
             if banned_rows else None,
             want_logprobs=any(r.return_logprob for r in reqs),
             top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
+            **(beams or {}),
         )
+
+
+def banned_ngram_tokens(seq: list[int], n: int) -> list[int]:
+    """Tokens that would repeat an n-gram of `seq` (HF's NoRepeatNGramLogitsProcessor, over
+    the whole decoder sequence, prompt included)."""
+    if len(seq) + 1 < n:
+        return []
+    prefix = tuple(seq[len(seq) - n + 1:])
+    return sorted({seq[i + n - 1] for i in range(len(seq) - n + 1)
+                   if tuple(seq[i:i + n - 1]) == prefix})

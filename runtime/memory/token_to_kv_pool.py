@@ -43,6 +43,11 @@ class PagedKVBuffers:
         page_ids = torch.tensor(pages, dtype=torch.int32)[pos // self.page_size]
         return page_ids * self.page_size + pos % self.page_size
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """K/V of slots `src` copied to slots `dst`, in every layer (a beam's copied page)."""
+        for buf in self.k_buffers + self.v_buffers:
+            buf[dst] = buf[src]
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_buf, v_buf = self.k_buffers[layer_id], self.v_buffers[layer_id]
         if k.is_cuda and k.stride(1) == k.shape[2] and v.stride(1) == v.shape[2]:

@@ -28,6 +28,9 @@ class TokenizedRequest:
     cross_spans: list[tuple[int, int, int]] | None = None
     user: str | None = None  # the caller's user id (cache isolation)
     group: str | None = None  # requests of one call (a batch, n samples) share it: fairness
+    # beam search with num_return_sequences k: the rids of the k results, best first (the
+    # first is `rid`); the scheduler sends one final TokenOutput for each. None: just `rid`
+    beam_rids: list[str] | None = None
 
 
 @dataclass

@@ -43,6 +43,7 @@ class Req:
     encoder_inputs: list[EncoderPayload] = field(default_factory=list)  # besides text
     cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
     user: str | None = None  # the caller's user id (cache isolation)
+    beam_rids: list[str] | None = None  # beam search: the rids of its results, best first
 
     # --- set by the scheduler: encoder part ---
     segments: list[EncoderSegment] = field(default_factory=list)
@@ -62,6 +63,7 @@ class Req:
     finished_reason: FinishReason | None = None
     num_retractions: int = 0
     fair_tag: int = 0  # admission order across callers (policy.FairPolicy)
+    beam: Any = None  # beam search: the BeamGroup this row belongs to (beam_search.py)
     announced: bool = False  # its detokenizer settings went out with its first output
     # --- timing (set by the scheduler) ---
     arrival_time: float = field(default_factory=time.monotonic)
@@ -70,9 +72,10 @@ class Req:
 
     def __post_init__(self) -> None:
         sp = self.sampling_params
-        # fixed for the request's life; the scheduler checks them every step
-        self.penalized = sp.has_penalties
-        self.plain_greedy = sp.is_greedy and not self.penalized and not self.return_logprob
+        # fixed for the request's life; the scheduler checks them every step. Penalties, n-gram
+        # bans and beam search read every generated token: no step can run ahead of the host
+        self.reads_history = sp.has_penalties or sp.no_repeat_ngram_size > 0 or sp.is_beam
+        self.plain_greedy = sp.is_greedy and not self.reads_history and not self.return_logprob
 
     @property
     def fill_ids(self) -> list[int]:

@@ -8,6 +8,7 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.encoders.encoder_cache import EncoderCache, EncoderCacheEntry, EncoderJob, EncodeWork
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import Req
 
@@ -53,8 +54,9 @@ class RequestMemory:
         decoder pages for its whole current sequence (reusing a cached prefix where it can),
         keeping `reserve_pages` free for others. Returns the encoder work still to do, or
         None with nothing held when memory is short; raises InputsNeeded (nothing held) when
-        an input to encode has no data any more."""
-        if self.req_to_token.num_free == 0:
+        an input to encode has no data any more. A beam request also reserves the table rows
+        of its other beams."""
+        if self.req_to_token.num_free < req.sampling_params.num_beams:
             return None
         jobs: list[EncoderJob] = []
         fresh = not req.cross_entries  # a retracted request keeps its cross K/V
@@ -85,6 +87,9 @@ class RequestMemory:
         if fresh:
             req.encoder_cache_hit = bool(req.segments) and all(
                 j.work is not EncodeWork.ENCODE for j in jobs)
+        if req.beam is not None:
+            req.beam.spare_rows = [self.req_to_token.alloc()
+                                   for _ in range(req.sampling_params.num_beams - 1)]
         return jobs
 
     def _acquire_cross(self, req: Req) -> list[EncoderJob] | None:
@@ -141,6 +146,73 @@ class RequestMemory:
         req.kv_len = pos + 1
         return req.kv_pages[pos // ps] * ps + pos % ps
 
+    # --- beams -------------------------------------------------------------------------------
+    def reorder_beams(self, group: BeamGroup, choices: list[tuple[int, int]]) -> bool:
+        """After a beam step: row j continues the sequence of row `choices[j][0]` with token
+        `choices[j][1]`. Rows share their parents' pages; only a partly filled last page that
+        two rows would both write is copied. Dropped beams' pages are freed at once. At the
+        group's first step its other rows are created (on the reserved table rows). False,
+        with nothing changed, when the pool has no room for the copies."""
+        old = group.rows
+        ps, length = self.page_size, old[0].kv_len
+        partial = length % ps  # positions filled in the last page
+        parents = [p for p, _ in choices]
+        copies = sum(1 for j, p in enumerate(parents) if partial and p in parents[:j])
+        if not self.make_room(copies):
+            return False
+        rows = old + group.spawn_rows(len(choices) - len(old))
+        if len(old) == 1 and len(rows) > 1:  # new rows read the same cross K/V
+            cross = self.req_to_token.req_to_cross
+            cross[[r.req_pool_idx for r in rows[1:]]] = cross[old[0].req_pool_idx].clone()
+        pre = old[0].prefix_pages  # radix-owned, shared by all and never freed here
+        pages, src, dst, seen = [], [], [], set()
+        for p in parents:
+            own = list(old[p].kv_pages)
+            if partial and p in seen:
+                (page,) = self.token_to_kv.allocator.alloc(1)
+                src.append(own[-1])
+                dst.append(page)
+                own[-1] = page
+            seen.add(p)
+            pages.append(own)
+        kept = {pg for own in pages for pg in own[pre:]}
+        self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
+                                               - kept))
+        table = self.req_to_token.req_to_token
+        if length:
+            table[[r.req_pool_idx for r in rows], :length] = \
+                table[[old[p].req_pool_idx for p in parents], :length]
+        if dst:  # the copied last pages: their K/V, and the tables of the rows that use them
+            first = length - partial
+            offs = torch.arange(partial, dtype=torch.int64)
+            src_slots = torch.cat([pg * ps + offs for pg in src])
+            dst_slots = torch.cat([pg * ps + offs for pg in dst])
+            self.token_to_kv.copy_slots(src_slots.to(table.device), dst_slots.to(table.device))
+            for own, row in zip(pages, rows):
+                if own[-1] in dst:
+                    table[row.req_pool_idx, first:length] = (own[-1] * ps + offs).to(table)
+        outputs = [old[p].output_ids + [token] for p, token in choices]
+        for row, own, out in zip(rows, pages, outputs):
+            row.kv_pages, row.kv_len, row.output_ids = own, length, out
+        group.rows = rows
+        group.peak_pages = max(group.peak_pages, pre + len(kept))
+        return True
+
+    def release_beams(self, group: BeamGroup, keep_cross: bool = False) -> None:
+        """Free everything a beam group holds (its rows' shared pages once)."""
+        head = group.rows[0]
+        pre = head.prefix_pages
+        self.token_to_kv.allocator.free(sorted({pg for r in group.rows
+                                                for pg in r.kv_pages[pre:]}))
+        for r in group.rows[1:]:
+            self.req_to_token.free(r.req_pool_idx)
+            r.req_pool_idx, r.kv_pages, r.kv_len = None, [], 0
+        for idx in group.spare_rows:
+            self.req_to_token.free(idx)
+        group.spare_rows = []
+        head.kv_pages = head.kv_pages[:pre]
+        self.release(head, keep_cross)
+
     # --- releasing ---------------------------------------------------------------------------
     def finish(self, req: Req) -> None:
         """A finished request: offer its computed decoder K/V to the radix cache, then release."""
@@ -170,8 +242,18 @@ class RequestMemory:
     # --- integrity ---------------------------------------------------------------------------
     def check(self, live: list[Req]) -> None:
         """Raise AssertionError unless free + cached + owned by `live` = total, in every pool."""
-        self.req_to_token.check([r.req_pool_idx for r in live if r.req_pool_idx is not None])
-        owned = [p for r in live for p in r.kv_pages[r.prefix_pages:]]
+        rows, owned, groups = [], [], {}
+        for r in live:
+            if r.beam is not None:
+                groups[id(r.beam)] = r.beam
+            else:
+                rows += [] if r.req_pool_idx is None else [r.req_pool_idx]
+                owned += r.kv_pages[r.prefix_pages:]
+        for g in groups.values():  # a group's rows share pages: each counts once
+            rows += [r.req_pool_idx for r in g.rows if r.req_pool_idx is not None] + g.spare_rows
+            pre = g.rows[0].prefix_pages
+            owned += sorted({p for r in g.rows for p in r.kv_pages[pre:]})
+        self.req_to_token.check(rows)
         self.token_to_kv.allocator.check(owned + self.radix.owned_pages())
         if self.cross_kv is not None:
             self.cross_kv.allocator.check(self.encoder_cache.owned_pages())

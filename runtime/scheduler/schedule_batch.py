@@ -6,7 +6,7 @@ the tokens it will compute and lays the batch out for the worker (DecoderBatch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ class ScheduleBatch:
     forward_mode: ForwardMode
     reqs: list[Req]
     worker_batch: DecoderBatch
+    beam_groups: list = field(default_factory=list)  # in the sampler's candidate order
 
     @property
     def batch_size(self) -> int:

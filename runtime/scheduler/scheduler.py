@@ -32,6 +32,7 @@ from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
 from seq2serve.runtime.messages.model_limits import ModelLimits
+from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.policy import FairPolicy
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import FinishReason, Req
@@ -131,13 +132,19 @@ class Scheduler:
             raise ValueError("stop strings need a tokenizer; this model directory has none")
         if tr.encoder_inputs and not arch.num_cross_attn_layers:
             raise ValueError("this model takes no encoder inputs besides text")
+        if sp.is_beam:
+            self._check_beam_request(tr)
         req = Req(
             rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
             decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
             stream=tr.stream, return_logprob=tr.return_logprob,
             top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
             encoder_inputs=list(tr.encoder_inputs), cross_spans=tr.cross_spans, user=tr.user,
+            beam_rids=list(tr.beam_rids) if tr.beam_rids else None,
         )
+        if sp.is_beam:
+            stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_ids))
+            req.beam = BeamGroup(rows=[req], stop_ids=frozenset(stops))
         if req.encoder_input_ids:
             key = tr.encoder_key or "tokens:" + ",".join(map(str, req.encoder_input_ids))
             req.segments.append(EncoderSegment(key, req.encoder_len, token_ids=req.encoder_input_ids))
@@ -148,32 +155,60 @@ class Scheduler:
         req.namespace = (user_ns, *(seg.key for seg in req.segments))
         self.waiting.push(req, tr.group or tr.rid)
 
+    def _check_beam_request(self, tr: TokenizedRequest) -> None:
+        sp = tr.sampling_params
+        if tr.stream or tr.return_logprob:
+            raise ValueError(f"{'stream' if tr.stream else 'return_logprob'} cannot be combined "
+                             f"with num_beams > 1: a beam search result is known only when it "
+                             f"ends")
+        rids = tr.beam_rids or [tr.rid]
+        if len(rids) != sp.num_return_sequences or rids[0] != tr.rid:
+            raise ValueError(f"beam_rids must hold num_return_sequences "
+                             f"({sp.num_return_sequences}) rids, the first being rid")
+        if sp.num_beams > self.args.max_running_requests:
+            raise ValueError(f"num_beams ({sp.num_beams}) is over max_running_requests "
+                             f"({self.args.max_running_requests}): each beam is a running row")
+        pool = self.memory.token_to_kv
+        pages = sp.num_beams * pool.pages_for(len(tr.decoder_input_ids) + sp.max_new_tokens)
+        if pages > pool.allocator.num_pages:
+            raise ValueError(f"num_beams ({sp.num_beams}) x (decoder prompt + max_new_tokens) "
+                             f"needs {pages * pool.page_size} KV tokens, over the pool's "
+                             f"{pool.capacity_tokens}")
+
     def abort_request(self, rid: str) -> TokenOutput | None:
-        """Finish a queued or running request now and free its memory."""
+        """Finish a queued or running request now and free its memory. A beam request's other
+        result rids get their abort outputs with the next step."""
         req = self.find(rid)
         if req is None:
             return None
         if req in self.waiting:
             self.waiting.remove(req)
+        elif req.beam is not None:
+            self.running = [r for r in self.running if r.beam is not req.beam]
         else:
             self.running.remove(req)
         req.finished_reason = FinishReason("abort", message="aborted by the client")
-        self.memory.release(req)
+        if req.beam is not None:
+            self.memory.release_beams(req.beam)
+            self.notices += [TokenOutput(rid=other, new_token_ids=[],
+                                         finished_reason=req.finished_reason.to_json())
+                             for other in (req.beam_rids or [req.rid])[1:]]
+        else:
+            self.memory.release(req)
         return self._output(req, [])
 
     def find(self, rid: str) -> Req | None:
-        for r in self.running:
-            if r.rid == rid:
-                return r
-        for r in self.waiting:
-            if r.rid == rid:
-                return r
+        """The request of `rid` (for a beam request: of any of its result rids)."""
+        for reqs in (self.running, self.waiting):
+            for r in reqs:
+                if r.rid == rid or (r.beam_rids is not None and rid in r.beam_rids):
+                    return r.beam.rows[0] if r.beam is not None else r
         return None
 
     # --- the loop body -----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight)
+        return bool(self.waiting or self.running or self.in_flight or self.notices)
 
     def step(self) -> list[TokenOutput]:
         """Run one forward (with the encoder stage before it when new inputs need it).
@@ -196,7 +231,9 @@ class Scheduler:
                 self._count(ForwardMode.ENCODE.value, len(jobs))
             assert all(r.cross_ready for r in admitted)
             outputs += self._run(ForwardMode.EXTEND, admitted)
-            self.running.extend(r for r in admitted if not r.finished)
+            # (a beam request retracted at its first step is back in the queue, not running)
+            self.running.extend(r for r in admitted
+                                if not r.finished and r.req_pool_idx is not None)
             return outputs
         if self.running:
             return self._decode_step()
@@ -227,6 +264,8 @@ class Scheduler:
         if not self.running:
             return outputs
         self._make_room_for_decode()
+        if not self.running:
+            return outputs
         if self.overlap and self._overlappable(self.running):
             self.in_flight = self._launch(ForwardMode.DECODE, list(self.running))
             return outputs
@@ -234,8 +273,9 @@ class Scheduler:
 
     @staticmethod
     def _overlappable(reqs: list[Req]) -> bool:
-        # penalties read every generated token: they cannot run a step behind the device
-        return not any(r.penalized for r in reqs)
+        # penalties, n-gram bans and beams read every generated token: they cannot run a step
+        # behind the device
+        return not any(r.reads_history for r in reqs)
 
     def _flush(self) -> list[TokenOutput]:
         """Read back and process the step still in flight, if any."""
@@ -250,14 +290,15 @@ class Scheduler:
         admitted: list[Req] = []
         jobs: list = []
         budget = self.args.max_prefill_tokens
+        rows = len(self.running)  # decoder rows: a beam request runs num_beams of them
         while self.waiting:
-            if len(self.running) + len(admitted) >= self.args.max_running_requests:
-                break
             req = self.waiting.peek()
+            if rows + req.sampling_params.num_beams > self.args.max_running_requests:
+                break
             if admitted and req.seq_len > budget:
                 break
-            # keep a page free for every running request's next decode step
-            reserve = len(self.running) + len(admitted)
+            # keep a page free for every running row's next decode step
+            reserve = rows + req.sampling_params.num_beams - 1
             try:
                 req_jobs = self.memory.admit(req, reserve_pages=reserve)
             except InputsNeeded:
@@ -272,6 +313,7 @@ class Scheduler:
             admitted.append(self.waiting.admit())
             jobs += req_jobs
             budget -= req.seq_len
+            rows += req.sampling_params.num_beams
         return admitted, jobs
 
     def _make_room_for_decode(self) -> None:
@@ -279,14 +321,29 @@ class Scheduler:
             return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
 
         while not self.memory.make_room(need()):
-            assert len(self.running) > 1, "a lone request always fits (checked at admission)"
             victim = self.waiting.victim(self.running)
+            assert len(self.running) > len(victim.beam.rows if victim.beam else [victim]), \
+                "a lone request always fits (checked at admission)"
+            self._retract(victim)
+
+    def _retract(self, victim: Req) -> None:
+        """Free a running request's decoder memory (its cross K/V stay) and queue it again: it
+        resumes by recomputing its tokens. A beam group starts over from its prompt (beam
+        search is deterministic, so the result is the same)."""
+        if victim.beam is not None:
+            group = victim.beam
+            self.running = [r for r in self.running if r.beam is not group]
+            self.memory.release_beams(group, keep_cross=True)
+            group.reset()
+            victim = group.rows[0]
+            victim.output_ids = []
+        else:
             self.running.remove(victim)
             self.memory.release(victim, keep_cross=True)
-            victim.num_retractions += 1
-            self.num_retractions += 1
-            self.waiting.push_front(victim)
-            logger.info("retracted %s to make room (KV pool full)", victim.rid)
+        victim.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.push_front(victim)
+        logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
     def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
         return self._resolve(self._launch(mode, reqs))
@@ -294,16 +351,36 @@ class Scheduler:
     def _launch(self, mode: ForwardMode, reqs: list[Req], input_ids: torch.Tensor | None = None,
                 pending: int = 0) -> _InFlight:
         sampling = None  # plain greedy for all: the argmax, nothing to build
+        groups, beams = self._beam_layout(reqs)
         if not all(_plain_greedy(r, pending) for r in reqs):
             sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
-                                               self.device, pending=pending)
+                                               self.device, pending=pending, beams=beams)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(reqs, self.memory, sampling)
         else:
             batch = ScheduleBatch.extend(reqs, self.memory, sampling)
         batch.worker_batch.input_ids_device = input_ids
+        batch.beam_groups = groups
         self._count(mode.value, batch.batch_size)
         return _InFlight(batch, self.worker.launch(batch.worker_batch))
+
+    def _beam_layout(self, reqs: list[Req]) -> tuple[list[BeamGroup], dict | None]:
+        """The batch's beam groups, bucketed by shape (rows, keep), and the sampler's layout."""
+        where = {id(r): i for i, r in enumerate(reqs) if r.beam is not None}
+        if not where:
+            return [], None
+        groups = list({id(r.beam): r.beam for r in reqs if r.beam is not None}.values())
+        groups.sort(key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes stay in order
+        rows, scores, buckets = [], [], []
+        for g in groups:
+            rows += [where[id(r)] for r in g.rows]
+            scores += [float(s) for s in g.scores]
+            shape = (len(g.rows), g.keep)
+            if buckets and buckets[-1][1:] == shape:
+                buckets[-1] = (buckets[-1][0] + 1, *shape)
+            else:
+                buckets.append((1, *shape))
+        return groups, SamplingBatch.beam_layout(rows, scores, buckets, self.device)
 
     def _resolve(self, f: _InFlight) -> list[TokenOutput]:
         start = time.perf_counter()
@@ -319,8 +396,8 @@ class Scheduler:
         now = time.monotonic()
         ids = result.token_ids
         for i, req in enumerate(batch.reqs):
-            if req.finished:  # finished (or aborted) while this step was in flight
-                continue
+            if req.finished or req.beam is not None:  # finished (or aborted) while this step
+                continue  # was in flight; beam rows advance by group, below
             token = ids[i]
             req.output_ids.append(token)
             if req.first_token_time is None:
@@ -335,16 +412,70 @@ class Scheduler:
             req.check_finished(self.eos_ids, self._decode_tail)
             if req.finished:
                 req.finish_time = now
+                kv_bytes = self._kv_bytes(req, len(req.kv_pages))
                 self.memory.finish(req)
                 if req in self.running:
                     self.running.remove(req)
                 if not req.stream:  # everything at once
                     outputs.append(self._output(req, req.output_ids, req.output_logprobs or None,
                                                 req.output_top_logprobs or None))
+                    outputs[-1].extra["kv_bytes"] = kv_bytes
                     continue
             if req.stream:
                 outputs.append(self._output(req, [token], logprobs, top))
+        if batch.beam_groups:
+            values, flat_ids = result.beam_candidates
+            start = 0
+            for g in batch.beam_groups:
+                end = start + g.keep
+                if not g.rows[0].finished:
+                    outputs += self._beam_step(g, values[start:end], flat_ids[start:end], now)
+                start = end
         return outputs
+
+    def _beam_step(self, group: BeamGroup, values: list[float], flat_ids: list[int],
+                   now: float) -> list[TokenOutput]:
+        """Advance one beam group; when it is done, one output per result, best first."""
+        head = group.rows[0]
+        if head.first_token_time is None:
+            head.first_token_time = now
+        choices = group.advance(values, flat_ids, self.model_config.vocab_size)
+        if not group.done:
+            first = len(group.rows) == 1
+            if not self.memory.reorder_beams(group, choices):
+                self._retract(head)  # no room to copy the pages the beams now write: later
+            elif first:  # (the head joins the running batch with the other admitted requests)
+                self.running += group.rows[1:]
+            return []
+        self.running = [r for r in self.running if r.beam is not group]
+        kv_bytes = self._kv_bytes(head, group.peak_pages)
+        self.memory.release_beams(group)
+        head.finish_time = now
+        results = group.results()
+        head.output_ids = results[0].tokens
+        outputs = []
+        for rid, hyp in zip(head.beam_rids or [head.rid], results):
+            ended = bool(hyp.tokens) and hyp.tokens[-1] in group.stop_ids
+            head.finished_reason = (FinishReason("stop", matched=hyp.tokens[-1]) if ended
+                                    else FinishReason("length"))
+            head.announced = False  # each result rid gets its detokenizer settings
+            out = self._output(head, hyp.tokens)
+            out.rid, out.completion_tokens = rid, len(hyp.tokens)
+            out.extra.update(beam_score=hyp.score, kv_bytes=kv_bytes)
+            outputs.append(out)
+        head.finished_reason = FinishReason(**outputs[0].finished_reason)
+        return outputs
+
+    def _kv_bytes(self, req: Req, pages: int) -> int:
+        """KV bytes a request holds: `pages` decoder pages and its cross K/V."""
+        def per_slot(p) -> int:
+            return 2 * p.num_layers * p.num_kv_heads * p.head_dim * p.dtype.itemsize
+
+        pool, cross = self.memory.token_to_kv, self.memory.cross_kv
+        total = pages * pool.page_size * per_slot(pool)
+        if cross is not None:
+            total += sum(e.handle.loc.numel() for e in req.cross_entries) * per_slot(cross)
+        return total
 
     def _decode_tail(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
