@@ -32,6 +32,9 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--hf-max-batches", type=int, default=2)
         p.add_argument("--hf-batch-size", type=int, default=None,
                        help="HF generate's batch size (default: the largest of --batch-sizes)")
+        p.add_argument("--num-beams", type=int, default=1,
+                       help="beam search (offline): seq2serve and HF both run num_beams beams; "
+                            "HF's batch halves until it fits")
         p.add_argument("--dtype", default="bfloat16")
         p.add_argument("--device", default=None)
         p.add_argument("--engine-args", default="{}", help="JSON of extra engine options")
@@ -98,13 +101,17 @@ def _offline(args) -> dict:
                "seq2serve": [], "hf": []}
     for c in [int(x) for x in args.batch_sizes.split(",")]:
         with _engine(model_dir, load, args, c) as engine:
-            r = bench_engine(engine, reqs, args.output_len)
+            r = bench_engine(engine, reqs, args.output_len, args.num_beams)
         r["concurrency"] = c
         results["seq2serve"].append(r)
         print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s  "
               f"({r['decode_steps']} forwards, {_steps(r)}, host waiting for the device "
               f"{r['host_waiting_share']:.0%} of the time, encoder "
               f"{r['encoder_seconds']:.2f} s)", flush=True)
+        if "kv_ratio_to_greedy" in r:
+            print(f"KV bytes per request with {args.num_beams} beams: "
+                  f"{r['kv_bytes_per_request'] / 2**20:.1f} MiB, "
+                  f"{r['kv_ratio_to_greedy']:.2f}x a greedy request's", flush=True)
     if args.baseline == "hf":
         results["hf"] = _hf(model_dir, reqs, args, args.hf_batch_size or max(
             int(x) for x in args.batch_sizes.split(",")))
@@ -146,15 +153,25 @@ def _hf(model_dir: str, reqs, args, batch_size: int) -> list[dict]:
 
     out = []
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    beams = getattr(args, "num_beams", 1)
     for mode in args.hf_modes.split(","):
         model = load_hf_model(model_dir, getattr(torch, args.dtype), device)
-        try:
-            r = bench_hf(model, model_dir, reqs, batch_size, args.output_len, mode,
-                         args.hf_max_batches)
-        except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported
-            r = {"mode": mode, "batch_size": batch_size, "error": f"{type(e).__name__}: {e}"}
+        size = batch_size
+        while True:
+            try:
+                r = bench_hf(model, model_dir, reqs, size, args.output_len, mode,
+                             args.hf_max_batches, beams)
+            except torch.cuda.OutOfMemoryError:
+                if beams > 1 and size > 1:  # beams multiply HF's cache: its batch that fits
+                    size //= 2
+                    torch.cuda.empty_cache()
+                    continue
+                r = {"mode": mode, "batch_size": size, "error": "out of memory"}
+            except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported
+                r = {"mode": mode, "batch_size": size, "error": f"{type(e).__name__}: {e}"}
+            break
         out.append(r)
-        print(f"HF {mode:8s} batch {batch_size:4d}: "
+        print(f"HF {mode:8s} batch {r['batch_size']:4d}: "
               f"{r.get('tokens_per_s', float('nan')):10.0f} tok/s  {r.get('error', '')}",
               flush=True)
         del model

@@ -7,9 +7,11 @@ import time
 from seq2serve.runtime.bench.workload import BenchRequest
 
 
-def bench_engine(engine, reqs: list[BenchRequest], output_len: int) -> dict:
-    """Submit every request at once (the scheduler batches them); output tokens/s."""
-    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
+    """Submit every request at once (the scheduler batches them); output tokens/s (with
+    beams: of the best hypotheses, all output_len long), and the KV bytes a request held."""
+    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
+          "num_beams": num_beams}
     images = [[r.image] for r in reqs] if reqs[0].image is not None else None
     warm = min(len(reqs), 4)  # compile / allocate outside the timing, other inputs
     engine.generate(input_ids=[r.input_ids[:8] + [1] for r in reqs[:warm]]
@@ -28,12 +30,24 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int) -> dict:
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     ttfts = sorted(o["meta_info"].get("scheduler_ttft", 0.0) for o in outs)
     steps = after["forwards"] - before["forwards"]
-    return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+    kv = {"kv_bytes_per_request": _mean(o["meta_info"]["kv_bytes"] for o in outs)}
+    if num_beams > 1:  # the same requests without beams, for the memory ratio
+        greedy = engine.generate(input_ids=[r.input_ids for r in reqs[:16]],
+                                 image_data=images[:16] if images else None,
+                                 sampling_params={**sp, "num_beams": 1})
+        kv["greedy_kv_bytes_per_request"] = _mean(o["meta_info"]["kv_bytes"] for o in greedy)
+        kv["kv_ratio_to_greedy"] = kv["kv_bytes_per_request"] / kv["greedy_kv_bytes_per_request"]
+    return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens, **kv,
             "decode_steps": steps, **_step_times(before, after, elapsed, steps),
             "encoder_seconds": after["encoder_seconds"] - before["encoder_seconds"],
             "host_waiting_share": device_bound,
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
 
 
 def _step_times(before: dict, after: dict, elapsed: float, steps: int) -> dict:

@@ -63,7 +63,8 @@ def _sync(device: torch.device) -> None:
 
 
 def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
-             output_len: int, mode: str, max_batches: int | None = None) -> dict:
+             output_len: int, mode: str, max_batches: int | None = None,
+             num_beams: int = 1) -> dict:
     """Output tokens/s of `generate` over `reqs` in batches (timing `max_batches` batches and
     the image preprocessing, if any, and extrapolating to all of them)."""
     device = next(model.parameters()).device
@@ -71,7 +72,7 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
         # generate compiles the decoding forward itself when the cache is static
         model.generation_config.cache_implementation = "static"
     gen = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
-               num_beams=1)
+               num_beams=num_beams)
     batches = [reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size)]
     batches = [b for b in batches if len(b) == batch_size] or batches
     with torch.no_grad():
@@ -86,6 +87,7 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
         _sync(device)
         elapsed = time.perf_counter() - start
     tokens = sum(len(b) for b in timed) * output_len
-    return {"mode": mode, "batch_size": batch_size, "tokens_per_s": tokens / elapsed,
+    return {"mode": mode, "batch_size": batch_size, "num_beams": num_beams,
+            "tokens_per_s": tokens / elapsed,
             "ms_per_step": elapsed / len(timed) / output_len * 1e3,
             "timed_batches": len(timed), "warmup_s": warmup}

@@ -147,12 +147,21 @@ class RequestMemory:
         return req.kv_pages[pos // ps] * ps + pos % ps
 
     # --- beams -------------------------------------------------------------------------------
-    def reorder_beams(self, group: BeamGroup, choices: list[tuple[int, int]]) -> bool:
-        """After a beam step: row j continues the sequence of row `choices[j][0]` with token
-        `choices[j][1]`. Rows share their parents' pages; only a partly filled last page that
-        two rows would both write is copied. Dropped beams' pages are freed at once. At the
-        group's first step its other rows are created (on the reserved table rows). False,
-        with nothing changed, when the pool has no room for the copies."""
+    def reorder_beams(self, steps: list[tuple[BeamGroup, list[tuple[int, int]]]]
+                      ) -> list[BeamGroup]:
+        """After a beam step, for each (group, choices): row j continues the sequence of row
+        `choices[j][0]` with token `choices[j][1]`. Rows share their parents' pages; only a
+        partly filled last page that two rows would both write is copied. Dropped beams'
+        pages are freed at once. At a group's first step its other rows are created (on the
+        reserved table rows). The device work of all groups is done in a few batched copies.
+        Returns the groups left unchanged because the pool had no room for their copies."""
+        plan = _DeviceCopies()
+        failed = [g for g, choices in steps if not self._reorder(g, choices, plan)]
+        plan.apply(self.req_to_token, self.token_to_kv)
+        return failed
+
+    def _reorder(self, group: BeamGroup, choices: list[tuple[int, int]],
+                 plan: _DeviceCopies) -> bool:
         old = group.rows
         ps, length = self.page_size, old[0].kv_len
         partial = length % ps  # positions filled in the last page
@@ -161,36 +170,23 @@ class RequestMemory:
         if not self.make_room(copies):
             return False
         rows = old + group.spawn_rows(len(choices) - len(old))
-        if len(old) == 1 and len(rows) > 1:  # new rows read the same cross K/V
-            cross = self.req_to_token.req_to_cross
-            cross[[r.req_pool_idx for r in rows[1:]]] = cross[old[0].req_pool_idx].clone()
+        for r in rows[len(old):]:  # new rows read the same cross K/V
+            plan.cross.append((old[0].req_pool_idx, r.req_pool_idx))
         pre = old[0].prefix_pages  # radix-owned, shared by all and never freed here
-        pages, src, dst, seen = [], [], [], set()
-        for p in parents:
+        pages, seen = [], set()
+        for row, p in zip(rows, parents):
             own = list(old[p].kv_pages)
+            plan.tables.append((old[p].req_pool_idx, row.req_pool_idx))
             if partial and p in seen:
                 (page,) = self.token_to_kv.allocator.alloc(1)
-                src.append(own[-1])
-                dst.append(page)
+                plan.pages.append((own[-1], page, partial))
+                plan.fixes.append((row.req_pool_idx, length - partial, page * ps, partial))
                 own[-1] = page
             seen.add(p)
             pages.append(own)
         kept = {pg for own in pages for pg in own[pre:]}
         self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
                                                - kept))
-        table = self.req_to_token.req_to_token
-        if length:
-            table[[r.req_pool_idx for r in rows], :length] = \
-                table[[old[p].req_pool_idx for p in parents], :length]
-        if dst:  # the copied last pages: their K/V, and the tables of the rows that use them
-            first = length - partial
-            offs = torch.arange(partial, dtype=torch.int64)
-            src_slots = torch.cat([pg * ps + offs for pg in src])
-            dst_slots = torch.cat([pg * ps + offs for pg in dst])
-            self.token_to_kv.copy_slots(src_slots.to(table.device), dst_slots.to(table.device))
-            for own, row in zip(pages, rows):
-                if own[-1] in dst:
-                    table[row.req_pool_idx, first:length] = (own[-1] * ps + offs).to(table)
         outputs = [old[p].output_ids + [token] for p, token in choices]
         for row, own, out in zip(rows, pages, outputs):
             row.kv_pages, row.kv_len, row.output_ids = own, length, out
@@ -274,3 +270,33 @@ class RequestMemory:
             out["cross_total_tokens"] = self.cross_kv.capacity_tokens
             out.update(self.encoder_cache.stats())
         return out
+
+
+class _DeviceCopies:
+    """The device side of a beam step, gathered over all groups and done in a few copies:
+    table rows copied whole (positions past a row's length are never read), the first slots
+    of copied last pages fixed in the tables, and those pages' K/V copied in every layer."""
+
+    def __init__(self) -> None:
+        self.tables: list[tuple[int, int]] = []  # (source row, destination row)
+        self.cross: list[tuple[int, int]] = []
+        self.pages: list[tuple[int, int, int]] = []  # (source page, new page, slots to copy)
+        self.fixes: list[tuple[int, int, int, int]] = []  # (row, first position, slot, count)
+
+    def apply(self, req_to_token: ReqToTokenPool, kv: TokenToKVPool) -> None:
+        ps = kv.page_size
+        for table, pairs in ((req_to_token.req_to_token, self.tables),
+                             (req_to_token.req_to_cross, self.cross)):
+            if pairs:
+                src, dst = zip(*pairs)
+                table[list(dst)] = table[list(src)]  # (the gather copies before the scatter)
+        if self.pages:
+            src = [pg * ps + i for pg, _, n in self.pages for i in range(n)]
+            dst = [pg * ps + i for _, pg, n in self.pages for i in range(n)]
+            device = req_to_token.req_to_token.device
+            kv.copy_slots(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+            rows = [r for r, _, _, n in self.fixes for _ in range(n)]
+            pos = [p + i for _, p, _, n in self.fixes for i in range(n)]
+            slots = [s + i for _, _, s, n in self.fixes for i in range(n)]
+            req_to_token.req_to_token[rows, pos] = torch.tensor(
+                slots, dtype=torch.int32, device=device)

@@ -424,29 +424,37 @@ class Scheduler:
             if req.stream:
                 outputs.append(self._output(req, [token], logprobs, top))
         if batch.beam_groups:
-            values, flat_ids = result.beam_candidates
-            start = 0
-            for g in batch.beam_groups:
-                end = start + g.keep
-                if not g.rows[0].finished:
-                    outputs += self._beam_step(g, values[start:end], flat_ids[start:end], now)
-                start = end
+            outputs += self._beam_steps(batch.beam_groups, result, now)
         return outputs
 
-    def _beam_step(self, group: BeamGroup, values: list[float], flat_ids: list[int],
-                   now: float) -> list[TokenOutput]:
-        """Advance one beam group; when it is done, one output per result, best first."""
-        head = group.rows[0]
-        if head.first_token_time is None:
-            head.first_token_time = now
-        choices = group.advance(values, flat_ids, self.model_config.vocab_size)
-        if not group.done:
-            first = len(group.rows) == 1
-            if not self.memory.reorder_beams(group, choices):
-                self._retract(head)  # no room to copy the pages the beams now write: later
+    def _beam_steps(self, groups: list[BeamGroup], result: StepOutput,
+                    now: float) -> list[TokenOutput]:
+        """Advance every beam group of the batch; reorder the running ones' rows together."""
+        values, flat_ids = result.beam_candidates
+        outputs, steps, start = [], [], 0
+        for g in groups:
+            end, head = start + g.keep, g.rows[0]
+            if not head.finished:
+                if head.first_token_time is None:
+                    head.first_token_time = now
+                choices = g.advance(values[start:end], flat_ids[start:end],
+                                    self.model_config.vocab_size)
+                if g.done:
+                    outputs += self._finish_beams(g, now)
+                else:
+                    steps.append((g, choices, len(g.rows) == 1))
+            start = end
+        failed = self.memory.reorder_beams([(g, choices) for g, choices, _ in steps])
+        for g, _, first in steps:
+            if g in failed:
+                self._retract(g.rows[0])  # no room to copy the pages the beams now write
             elif first:  # (the head joins the running batch with the other admitted requests)
-                self.running += group.rows[1:]
-            return []
+                self.running += g.rows[1:]
+        return outputs
+
+    def _finish_beams(self, group: BeamGroup, now: float) -> list[TokenOutput]:
+        """A finished beam group: one output per result, best first."""
+        head = group.rows[0]
         self.running = [r for r in self.running if r.beam is not group]
         kv_bytes = self._kv_bytes(head, group.peak_pages)
         self.memory.release_beams(group)
