@@ -83,15 +83,16 @@ class StepOutput:
 class Sampler:
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
         logits = logits.float()
-        if sb.beam_rows is not None:  # HF's beam search: processors act on log-probs
-            logits = logits.index_put((sb.beam_rows,),
-                                      torch.log_softmax(logits[sb.beam_rows], dim=-1))
+        if sb.beam_rows:  # HF's beam search: the processors act on log-probs
+            r = sb.beam_rows
+            head = torch.log_softmax(logits[:r], dim=-1)
+            logits = torch.cat([head, logits[r:]]) if r < logits.shape[0] else head
         if sb.penalty_ids is not None:
             logits = _apply_penalties(logits, sb)
         if sb.banned_rows is not None:
             logits[sb.banned_rows, sb.banned_cols] = float("-inf")
         out = StepOutput(next_token_ids=self._sample(logits, sb))
-        if sb.beam_rows is not None:
+        if sb.beam_rows:
             out.beam_values, out.beam_ids = _beam_candidates(logits, sb)
         if sb.want_logprobs:
             logprobs = torch.log_softmax(logits, dim=-1)
@@ -123,7 +124,7 @@ def _beam_candidates(logprobs: torch.Tensor, sb: SamplingBatch) -> tuple[torch.T
                                                                          torch.Tensor]:
     """Each beam group's best `keep` (score + log-prob, row * vocab + token), best first; one
     top-k per bucket of equally shaped groups."""
-    scores = logprobs[sb.beam_rows] + sb.beam_scores
+    scores = logprobs[:sb.beam_rows] + sb.beam_scores
     vocab, start, values, ids = scores.shape[-1], 0, [], []
     for groups, rows, keep in sb.beam_buckets:
         block = scores[start:start + groups * rows].view(groups, rows * vocab)

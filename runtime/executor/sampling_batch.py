@@ -42,18 +42,19 @@ class SamplingBatch:
     # log probabilities to return
     want_logprobs: bool
     top_logprobs_num: int
-    # beam search: these rows' logits become log-probs before the penalties and bans (HF's
-    # order), plus each row's beam score; then each group's best `keep` candidates over its
-    # rows. Groups come in buckets of equal (rows, keep), their rows contiguous in beam_rows.
-    beam_rows: torch.Tensor | None = None  # [R] int64 batch rows
-    beam_scores: torch.Tensor | None = None  # [R, 1] float32
+    # beam search: the first `beam_rows` rows are beam rows. Their logits become log-probs
+    # before the penalties and bans (HF's order), plus each row's beam score; then each
+    # group's best `keep` candidates over its rows. Groups come in buckets of equal (rows,
+    # keep), in row order.
+    beam_rows: int = 0
+    beam_scores: torch.Tensor | None = None  # [beam_rows, 1] float32
     beam_buckets: tuple[tuple[int, int, int], ...] = ()  # (groups, rows per group, keep)
 
     @classmethod
-    def beam_layout(cls, rows: list[int], scores: list[float],
-                    buckets: list[tuple[int, int, int]], device: str) -> dict:
+    def beam_layout(cls, scores: list[float], buckets: list[tuple[int, int, int]],
+                    device: str) -> dict:
         """The beam fields, to pass to `from_reqs(beams=...)`."""
-        return {"beam_rows": torch.tensor(rows, dtype=torch.int64).to(device),
+        return {"beam_rows": len(scores),
                 "beam_scores": torch.tensor(scores, dtype=torch.float32).view(-1, 1).to(device),
                 "beam_buckets": tuple(buckets)}
 

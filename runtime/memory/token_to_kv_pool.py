@@ -27,8 +27,11 @@ class PagedKVBuffers:
         # the server would seem to grow for hours as the caches fill them (a 20,000-request
         # soak: 620 -> 1,938 MB). Written once, the pools' memory is held from the start, as
         # on a GPU, and a host without it fails at start rather than under load.
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # one tensor per K and V for all layers (a layer's buffer is a view): copying slots in
+        # every layer is one operation
+        self._k = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
+        self._v = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
+        self.k_buffers, self.v_buffers = list(self._k.unbind(0)), list(self._v.unbind(0))
 
     @property
     def capacity_tokens(self) -> int:
@@ -45,8 +48,8 @@ class PagedKVBuffers:
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """K/V of slots `src` copied to slots `dst`, in every layer (a beam's copied page)."""
-        for buf in self.k_buffers + self.v_buffers:
-            buf[dst] = buf[src]
+        for buf in (self._k, self._v):
+            buf[:, dst] = buf[:, src]
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_buf, v_buf = self.k_buffers[layer_id], self.v_buffers[layer_id]

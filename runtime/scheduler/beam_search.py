@@ -31,7 +31,7 @@ class BeamGroup:
     rows: list[Req]  # the running beams; [the user's request] until its first step
     stop_ids: frozenset[int]  # tokens that end a hypothesis (EOS and stop_token_ids)
     spare_rows: list[int] = field(default_factory=list)  # table rows for rows 1.., reserved
-    scores: list[np.float32] = field(default_factory=lambda: [np.float32(0.0)])
+    scores: list[float] = field(default_factory=lambda: [0.0])  # running beams' (float32)
     hyps: list[Hypothesis] = field(default_factory=list)  # finished, best first
     improvable: bool = True  # HF's is_early_stop_heuristic_unsatisfied
     done: bool = False
@@ -66,50 +66,54 @@ class BeamGroup:
     def reset(self) -> None:
         """Back to the prompt (a retracted group starts over: beam search is deterministic)."""
         self.rows = self.rows[:1]
-        self.scores = [np.float32(0.0)]
+        self.scores = [0.0]
         self.hyps, self.improvable, self.done = [], True, False
 
     def advance(self, values: list[float], flat_ids: list[int],
                 vocab: int) -> list[tuple[int, int]]:
-        """One step from the `keep` candidates (best first): record the hypotheses that
-        finish, and return the num_beams running beams as (row they continue, new token)."""
+        """One step from the `keep` candidates (best first; float32 values): record the
+        hypotheses that finish, and return the num_beams running beams as (row it continues,
+        new token)."""
         sp = self.rows[0].sampling_params
-        k, lp = sp.num_beams, np.float32(sp.length_penalty)
+        k, lp = sp.num_beams, sp.length_penalty
         generated = len(self.rows[0].output_ids) + 1  # tokens each candidate has generated
-        cands = [(np.float32(v), i // vocab, i % vocab) for v, i in zip(values, flat_ids)]
-        ends = [t in self.stop_ids or generated >= sp.max_new_tokens for _, _, t in cands]
+        cands = [divmod(i, vocab) for i in flat_ids]
+        if generated >= sp.max_new_tokens:
+            ends = [True] * len(cands)
+        else:
+            ends = [t in self.stop_ids for _, t in cands]
 
-        # the running beams: the best candidates that did not stop
-        running = sorted(range(len(cands)),
-                         key=lambda c: -(cands[c][0] + (_NEG if ends[c] else 0)))[:k]
-        new_scores = [np.float32(cands[c][0] + (_NEG if ends[c] else np.float32(0)))
-                      for c in running]
+        # the running beams: the best candidates that did not stop (those that did, scored
+        # -1e9, only if too few did not)
+        running = [c for c, e in enumerate(ends) if not e][:k]
+        scores = [values[c] for c in running]
+        if len(running) < k:
+            stopped = [c for c, e in enumerate(ends) if e][:k - len(running)]
+            running += stopped
+            scores += [float(np.float32(values[c]) + _NEG) for c in stopped]
 
         # finished hypotheses: stopping candidates among the top num_beams, while they can
         # still matter
         full = len(self.hyps) == k
-        if self.improvable and not (full and sp.early_stopping is True):
-            denom = np.float32(float(generated) ** float(lp))
+        if any(ends[:k]) and self.improvable and not (full and sp.early_stopping is True):
+            denom = np.float32(float(generated) ** lp)
             for c in range(min(k, len(cands))):
                 if ends[c]:
-                    v, row, token = cands[c]
-                    tokens = self.rows[row].output_ids + [token]
-                    self.hyps.append(Hypothesis(float(np.float32(v / denom)), tokens))
+                    row, token = cands[c]
+                    self.hyps.append(Hypothesis(float(np.float32(values[c]) / denom),
+                                                self.rows[row].output_ids + [token]))
             self.hyps.sort(key=lambda h: -h.score)
             del self.hyps[k:]
 
         # can a running beam still beat the worst finished one?
-        if sp.early_stopping == "never" and lp > 0:
-            best_len = sp.max_new_tokens
-        else:
-            best_len = generated
-        best_possible = np.float32(new_scores[0] / np.float32(float(best_len) ** float(lp)))
-        worst = np.float32(min(h.score for h in self.hyps)) if len(self.hyps) == k else _NEG
-        self.improvable = self.improvable and bool(best_possible > worst)
+        best_len = sp.max_new_tokens if sp.early_stopping == "never" and lp > 0 else generated
+        best = np.float32(scores[0]) / np.float32(float(best_len) ** lp)
+        worst = np.float32(self.hyps[-1].score) if len(self.hyps) == k else _NEG
+        self.improvable = self.improvable and bool(best > worst)
         open_beam = not (len(self.hyps) == k and sp.early_stopping is True)
         self.done = not (self.improvable and open_beam and not all(ends))
-        self.scores = new_scores
-        return [(cands[c][1], cands[c][2]) for c in running]
+        self.scores = scores
+        return [cands[c] for c in running]
 
     def results(self) -> list[Hypothesis]:
         """The num_return_sequences best hypotheses, best first. (Should the search end with

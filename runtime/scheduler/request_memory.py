@@ -176,7 +176,8 @@ class RequestMemory:
         pages, seen = [], set()
         for row, p in zip(rows, parents):
             own = list(old[p].kv_pages)
-            plan.tables.append((old[p].req_pool_idx, row.req_pool_idx))
+            if old[p] is not row:  # (a row that continues itself keeps its table row)
+                plan.tables.append((old[p].req_pool_idx, row.req_pool_idx))
             if partial and p in seen:
                 (page,) = self.token_to_kv.allocator.alloc(1)
                 plan.pages.append((own[-1], page, partial))

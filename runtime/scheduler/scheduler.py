@@ -352,6 +352,8 @@ class Scheduler:
                 pending: int = 0) -> _InFlight:
         sampling = None  # plain greedy for all: the argmax, nothing to build
         groups, beams = self._beam_layout(reqs)
+        if groups:  # the beam rows first, group by group (the sampler reads them as one block)
+            reqs = [r for g in groups for r in g.rows] + [r for r in reqs if r.beam is None]
         if not all(_plain_greedy(r, pending) for r in reqs):
             sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
                                                self.device, pending=pending, beams=beams)
@@ -366,21 +368,19 @@ class Scheduler:
 
     def _beam_layout(self, reqs: list[Req]) -> tuple[list[BeamGroup], dict | None]:
         """The batch's beam groups, bucketed by shape (rows, keep), and the sampler's layout."""
-        where = {id(r): i for i, r in enumerate(reqs) if r.beam is not None}
-        if not where:
-            return [], None
         groups = list({id(r.beam): r.beam for r in reqs if r.beam is not None}.values())
+        if not groups:
+            return [], None
         groups.sort(key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes stay in order
-        rows, scores, buckets = [], [], []
+        scores, buckets = [], []
         for g in groups:
-            rows += [where[id(r)] for r in g.rows]
-            scores += [float(s) for s in g.scores]
+            scores += g.scores
             shape = (len(g.rows), g.keep)
             if buckets and buckets[-1][1:] == shape:
                 buckets[-1] = (buckets[-1][0] + 1, *shape)
             else:
                 buckets.append((1, *shape))
-        return groups, SamplingBatch.beam_layout(rows, scores, buckets, self.device)
+        return groups, SamplingBatch.beam_layout(scores, buckets, self.device)
 
     def _resolve(self, f: _InFlight) -> list[TokenOutput]:
         start = time.perf_counter()
