@@ -36,6 +36,8 @@ EXPECTED = [
     ("metrics", "seq2serve_requests_total"),
     ("OpenAI(", "one thousand nine hundred eighty-four\nforty-two\n"),
     ("write_mllama_checkpoint", "["),
+    ('"beam_size": 4', "two thousand twenty-four"),
+    ("num_return_sequences", "one thousand nine hundred eighty-four"),
     ("engine.check_integrity()", "{'idle': True}"),
     ("bench offline", "ratio seq2serve / HF default"),
     ("bench plot", "wrote"),

@@ -13,10 +13,11 @@ from typing import Any
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
-from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput, results_per_prompt
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.prompts import chat_prompt, translation_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
+from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,9 @@ class Seq2SeqEngine:
     ...                           sampling_params={"max_new_tokens": 16, "temperature": 0})
     ...     out["text"], out["output_ids"], out["meta_info"]["finish_reason"]
 
-    A single prompt returns one dict; a list (or n > 1) returns a list. With `stream=True`,
+    A single prompt returns one dict; a list (or n > 1, or num_return_sequences > 1) returns
+    a list, prompt-major; a beam search's results come best first, each with
+    meta_info["beam_score"]. With `stream=True`,
     `generate` returns an iterator of chunks whose "text" pieces concatenate to the full text.
     Options are ServerArgs fields (device, dtype, attention_backend, page_size, ...).
     """
@@ -42,6 +45,7 @@ class Seq2SeqEngine:
 
             model_path = str(default_demo_path())
         self.args = ServerArgs.from_kwargs(model_path=str(model_path), **kwargs)
+        self.translation_beams = default_num_beams(self.args.model_path)
         self._closed = False
         self.procs: RuntimeProcesses = launch_processes(self.args)
         try:
@@ -112,11 +116,15 @@ class Seq2SeqEngine:
 
     def translate(self, text: str | list[str], source_lang: str = "English",
                   target_lang: str = "German", sampling_params: dict | None = None,
-                  stream: bool = False, user: str | None = None):
-        """Translate with the model's prompt template (T5's convention when it has none)."""
+                  stream: bool = False, user: str | None = None,
+                  beam_size: int | None = None):
+        """Translate with the model's prompt template (T5's convention when it has none).
+        `beam_size` is sampling_params' num_beams; with neither, the model directory's
+        generation_config.json `num_beams` (1 without one, and for a stream)."""
         texts = text if isinstance(text, list) else [text]
         prompts = [translation_prompt(self.args.model_path, t, source_lang, target_lang)
                    for t in texts]
+        sampling_params = with_beams(sampling_params, beam_size, self.translation_beams, stream)
         return self.generate(prompt=prompts if isinstance(text, list) else prompts[0],
                              sampling_params=sampling_params, stream=stream, user=user)
 
@@ -220,6 +228,4 @@ def _returns_list(obj: GenerateReqInput) -> bool:
     is_batch = isinstance(obj.text, list) or (
         isinstance(obj.input_ids, list) and bool(obj.input_ids)
         and isinstance(obj.input_ids[0], list))
-    sp = obj.sampling_params
-    n = sp.get("n", 1) if isinstance(sp, dict) else 1
-    return is_batch or (n or 1) > 1
+    return is_batch or results_per_prompt(obj.sampling_params) > 1

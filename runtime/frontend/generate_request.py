@@ -76,6 +76,15 @@ class GenerateReqInput:
         return is_batch, items
 
 
+def results_per_prompt(sampling_params: Any) -> int:
+    """How many results one prompt's sampling params ask for: n samples, or a beam search's
+    num_return_sequences (the two do not combine). Unchecked values count as 1."""
+    if not isinstance(sampling_params, dict):
+        return 1
+    counts = [sampling_params.get(k) for k in ("n", "num_return_sequences")]
+    return max([c for c in counts if _is_int(c)] + [1])
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

@@ -33,6 +33,12 @@ class SGLangExtras(_Body):
     min_tokens: int | None = Field(default=None, ge=0)
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    # beam search (HF's names and meanings); num_return_sequences results per prompt
+    num_beams: int | None = None
+    num_return_sequences: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
+    no_repeat_ngram_size: int | None = None
 
 
 class StreamOptions(_Body):
@@ -105,6 +111,12 @@ class TranslationRequest(_Body):
     temperature: float | None = Field(default=None, ge=0, le=2)
     stream: bool = False
     user: str | None = None
+    # beams: CTranslate2's beam_size or HF's num_beams (the same; unset: the model's
+    # generation_config.json); one translation per input either way
+    beam_size: int | None = None
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
 
 
 class AbortBody(_Body):

@@ -23,6 +23,7 @@ from seq2serve.runtime.frontend.openai_protocol import (
 )
 from seq2serve.runtime.frontend.prompts import chat_prompt, translation_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
+from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
 
 _DISCONNECT_POLL_S = 0.2
 
@@ -78,6 +79,7 @@ class OpenAIServing:
         self.tm = tm
         self.model_name = model_name
         self.model_path = model_path
+        self.translation_beams = default_num_beams(model_path)
 
     # --- shared ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -105,8 +107,26 @@ class OpenAIServing:
             "skip_special_tokens": body.skip_special_tokens,
             "n": body.n,
             "seed": body.seed,
+            "num_beams": body.num_beams,
+            "num_return_sequences": body.num_return_sequences,
+            "length_penalty": body.length_penalty,
+            "early_stopping": body.early_stopping,
+            "no_repeat_ngram_size": body.no_repeat_ngram_size,
         }
         return {k: v for k, v in fields.items() if v is not None}
+
+    @staticmethod
+    def check_beams(body, logprobs: bool) -> None:
+        """Refuse what a beam search cannot give, naming the OpenAI field."""
+        if (body.num_beams or 1) > 1:
+            for name, on in (("stream", body.stream), ("logprobs", logprobs)):
+                if on:
+                    raise RequestError(f"{name} cannot be combined with num_beams > 1: a beam "
+                                       f"search result is known only when it ends", param=name)
+
+    @staticmethod
+    def results_per_prompt(body) -> int:
+        return body.n * (body.num_return_sequences or 1)
 
     @staticmethod
     def unsupported(body, names: dict[str, Any]) -> None:
@@ -157,6 +177,7 @@ class OpenAIServing:
             raise RequestError("prompt is an empty list", param="prompt")
         is_ids = isinstance(prompt, list) and isinstance(prompt[0], (int, list))
         logprobs = body.logprobs is not None
+        self.check_beams(body, logprobs)
         obj = GenerateReqInput(
             text=None if is_ids else prompt, input_ids=prompt if is_ids else None,
             sampling_params=self.sampling(body, body.max_tokens), stream=body.stream,
@@ -171,7 +192,7 @@ class OpenAIServing:
                    for i, r in enumerate(results)]
         return {"id": rid, "object": "text_completion", "created": created,
                 "model": self.model_name, "choices": choices,
-                "usage": self._usage(results, body.n)}
+                "usage": self._usage(results, self.results_per_prompt(body))}
 
     def _completion_logprobs(self, r: dict[str, Any]) -> dict[str, Any]:
         pairs = r["meta_info"].get("output_token_logprobs", [])
@@ -229,6 +250,7 @@ class OpenAIServing:
         self.unsupported(body, {"logit_bias": None, "tools": None})
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        self.check_beams(body, body.logprobs)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:
             m.setdefault("content", "")
@@ -252,7 +274,7 @@ class OpenAIServing:
                    for i, r in enumerate(results)]
         return {"id": rid, "object": "chat.completion", "created": created,
                 "model": self.model_name, "choices": choices,
-                "usage": self._usage(results, body.n)}
+                "usage": self._usage(results, self.results_per_prompt(body))}
 
     def _chat_logprobs(self, pairs, tops) -> list[dict[str, Any]]:
         def entry(token_id: int, lp: float) -> dict[str, Any]:
@@ -307,9 +329,8 @@ class OpenAIServing:
             single = isinstance(body.text, str) or (
                 body.input_ids is not None and body.input_ids
                 and isinstance(body.input_ids[0], int))
-            n = (body.sampling_params or {}).get("n", 1) if isinstance(
-                body.sampling_params, dict) else 1
-            return results[0] if single and n == 1 else results
+            # one prompt with one result (not n samples or k beam results): a dict
+            return results[0] if single and len(results) == 1 else results
         first, agen = await self._first(self.tm.generate(obj))
 
         async def events():
@@ -340,8 +361,13 @@ class OpenAIServing:
         prompts = [translation_prompt(self.model_path, t, body.source_lang, body.target_lang)
                    for t in texts]
         sp = {k: v for k, v in (("max_new_tokens", body.max_tokens),
-                                ("temperature", body.temperature)) if v is not None}
+                                ("temperature", body.temperature),
+                                ("num_beams", body.num_beams),
+                                ("length_penalty", body.length_penalty),
+                                ("no_repeat_ngram_size", body.no_repeat_ngram_size))
+              if v is not None}
         sp.setdefault("temperature", 0.0)  # translation wants the most likely output
+        sp = with_beams(sp, body.beam_size, self.translation_beams, body.stream)
         obj = GenerateReqInput(text=prompts, sampling_params=sp, stream=body.stream,
                                user=body.user)
         rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())

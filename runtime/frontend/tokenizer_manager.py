@@ -24,7 +24,11 @@ from seq2serve.encoders.image_loader import MediaPolicy, read_image
 from seq2serve.encoders.pixel_store import PixelStore
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import RequestLimits
-from seq2serve.runtime.frontend.generate_request import GenerateReqInput, invalid_text
+from seq2serve.runtime.frontend.generate_request import (
+    GenerateReqInput,
+    invalid_text,
+    results_per_prompt,
+)
 from seq2serve.runtime.memory.host_memory import release_freed_memory
 from seq2serve.runtime.messages.io_struct import (
     AbortRequest,
@@ -38,6 +42,7 @@ from seq2serve.runtime.messages.ipc import IpcNames, socket
 from seq2serve.runtime.messages.model_limits import ModelLimits
 
 logger = logging.getLogger(__name__)
+
 
 class EngineDeadError(RuntimeError):
     """A child process of the runtime died; no request can be served any more."""
@@ -56,7 +61,6 @@ class _ReqState:
     first_token: float | None = None
     last_token: float | None = None
     finished: bool = False
-    request: TokenizedRequest | None = None  # as sent (images by their PixelStore files)
 
 
 class TokenizerManager:
@@ -112,13 +116,14 @@ class TokenizerManager:
 
     # --- requests ----------------------------------------------------------------------------
     def tokenize(self, obj: GenerateReqInput) -> tuple[bool, list[TokenizedRequest]]:
-        """Validate and tokenize; one TokenizedRequest per prompt and sample (n)."""
+        """Validate and tokenize; one TokenizedRequest per prompt and sample (n). A beam search
+        is one TokenizedRequest per prompt, whose `beam_rids` name its k results (k > 1)."""
         is_batch, items = obj.normalize()
-        inputs = sum(max(1, (item["sampling_params"] or {}).get("n") or 1) for item in items)
+        inputs = sum(results_per_prompt(item["sampling_params"]) for item in items)
         if inputs > self.limits.max_batch_inputs:
-            raise ValueError(f"{inputs} inputs (prompts times n) in one request, over this "
-                             f"server's limit of {self.limits.max_batch_inputs} "
-                             f"(max_batch_inputs)")
+            raise ValueError(f"{inputs} inputs (prompts times n or num_return_sequences) in one "
+                             f"request, over this server's limit of "
+                             f"{self.limits.max_batch_inputs} (max_batch_inputs)")
         per_item = self._images([item["image_data"] for item in items])
         reqs = []
         group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
@@ -129,6 +134,7 @@ class TokenizerManager:
             if cap is not None and "max_new_tokens" not in (item["sampling_params"] or {}):
                 sp.max_new_tokens = min(sp.max_new_tokens, cap)  # a default, not a request
             self._check_limits(sp)
+            _check_beams(sp, obj)
             enc, dec = self._token_ids(item)
             spans = None
             if self.image_processor is not None:
@@ -136,23 +142,28 @@ class TokenizerManager:
                                     [img.num_tokens for img in images])
             self._check_lengths(enc, dec, sp, sum(img.num_tokens for img in images))
             base_rid = item["rid"] or uuid.uuid4().hex
-            key = self._encoder_key(enc) if enc else None
+            common = dict(encoder_input_ids=enc, decoder_input_ids=dec, stream=obj.stream,
+                          return_logprob=obj.return_logprob,
+                          top_logprobs_num=obj.top_logprobs_num,
+                          encoder_key=self._encoder_key(enc) if enc else None,
+                          encoder_inputs=images, cross_spans=spans, user=obj.user, group=group)
+            if sp.is_beam:  # one search, whose k results come back under k rids
+                k = sp.num_return_sequences
+                beam_rids = [f"{base_rid}-{i}" for i in range(k)] if k > 1 else None
+                reqs.append(TokenizedRequest(rid=beam_rids[0] if beam_rids else base_rid,
+                                             sampling_params=sp, beam_rids=beam_rids, **common))
+                continue
             for i in range(sp.n):
                 sample_sp = dataclasses.replace(sp, n=1, stop=list(sp.stop),
                                                 stop_token_ids=list(sp.stop_token_ids))
                 if sp.seed is not None:
                     sample_sp.seed = sp.seed + i  # n samples with one seed must differ
-                reqs.append(TokenizedRequest(
-                    rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
-                    encoder_input_ids=enc, decoder_input_ids=dec, sampling_params=sample_sp,
-                    stream=obj.stream, return_logprob=obj.return_logprob,
-                    top_logprobs_num=obj.top_logprobs_num, encoder_key=key,
-                    encoder_inputs=images, cross_spans=spans, user=obj.user, group=group,
-                ))
-        rids = [r.rid for r in reqs]
+                reqs.append(TokenizedRequest(rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
+                                             sampling_params=sample_sp, **common))
+        rids = [rid for r in reqs for rid in r.result_rids]
         if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")
-        return is_batch or len(reqs) > 1, reqs
+        return is_batch or len(rids) > 1, reqs
 
     def _images(self, per_prompt: list[list]) -> list[list[ImageFeatures]]:
         """Every prompt's images, decoded and preprocessed concurrently (all prompts at once)."""
@@ -257,15 +268,18 @@ class TokenizerManager:
         # tokenizing (and decoding images) is CPU work: off the event loop, so that a huge
         # prompt does not stall other requests and /health
         _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
-        if any(r.rid in self.states for r in reqs):
+        # one state per result (a beam request has k), prompt-major like n's samples
+        rids = [rid for r in reqs for rid in r.result_rids]
+        if any(rid in self.states for rid in rids):
             raise ValueError("rid must be unique among running requests")
-        states = [_ReqState(rid=r.rid, index=i) for i, r in enumerate(reqs)]
+        states = [_ReqState(rid=rid, index=i) for i, rid in enumerate(rids)]
         for s in states:
             self.states[s.rid] = s
+        sent: list[TokenizedRequest] = []  # as sent (images by their PixelStore files)
         try:
-            for s, r in zip(states, reqs):
-                s.request = self._on_the_wire(r)
-                self.send_to_scheduler.send_pyobj(s.request)
+            for r in reqs:
+                sent.append(self._on_the_wire(r))
+                self.send_to_scheduler.send_pyobj(sent[-1])
             if obj.stream:
                 async for chunk in self._stream(states, obj.return_logprob):
                     yield chunk
@@ -277,7 +291,8 @@ class TokenizerManager:
                 if not s.finished and self.dead_reason is None:
                     self.send_to_scheduler.send_pyobj(AbortRequest(s.rid))
                 self.states.pop(s.rid, None)
-                self._release(s.request)
+            for r in sent:
+                self._release(r)
 
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
         """The request as sent: every image's pixels in the PixelStore (written once per
@@ -294,8 +309,8 @@ class TokenizerManager:
             raise
         return dataclasses.replace(r, encoder_inputs=stored)
 
-    def _release(self, r: TokenizedRequest | None) -> None:
-        for img in r.encoder_inputs if r is not None else ():
+    def _release(self, r: TokenizedRequest) -> None:
+        for img in r.encoder_inputs:
             self.pixel_store.release(img.key)
 
     async def _next(self, s: _ReqState) -> TokenOutput:
@@ -434,3 +449,12 @@ class TokenizerManager:
             raise EngineDeadError(self.dead_reason)
         if self.draining:
             raise EngineDeadError("the server is shutting down")
+
+
+def _check_beams(sp: SamplingParams, obj: GenerateReqInput) -> None:
+    if not sp.is_beam:
+        return
+    for name, on in (("stream", obj.stream), ("return_logprob", obj.return_logprob)):
+        if on:
+            raise ValueError(f"{name} cannot be combined with num_beams > 1: a beam search "
+                             f"result is known only when it ends")

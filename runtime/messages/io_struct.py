@@ -32,6 +32,11 @@ class TokenizedRequest:
     # first is `rid`); the scheduler sends one final TokenOutput for each. None: just `rid`
     beam_rids: list[str] | None = None
 
+    @property
+    def result_rids(self) -> list[str]:
+        """The rids its results come back under: a beam search's k, else its own."""
+        return self.beam_rids or [self.rid]
+
 
 @dataclass
 class AbortRequest:
