@@ -202,6 +202,10 @@ class RequestMemory:
         copy in, and any the next step's launch has added). Pages no row holds any more are
         freed; nothing is allocated."""
         old = group.rows
+        if all(p == j for j, (p, _) in enumerate(choices)):  # every beam ran on in its row
+            for row, (_, token) in zip(old, choices):
+                row.output_ids.append(token)
+            return
         full, pre = length // self.page_size, old[0].prefix_pages
         pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
         kept = {pg for own in pages for pg in own[pre:]}

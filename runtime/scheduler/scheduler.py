@@ -405,10 +405,9 @@ class Scheduler:
 
     def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
         ps = self.memory.page_size
-        stops = [sorted(g.stop_ids) for g in groups]
-        stop_ids = torch.full((len(groups), max(map(len, stops))), -1, dtype=torch.int64)
-        for i, s in enumerate(stops):
-            stop_ids[i, :len(s)] = torch.tensor(s, dtype=torch.int64)
+        width = max(len(g.stop_ids) for g in groups)
+        stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
+                                 for g in groups], dtype=torch.int64).view(len(groups), width)
         all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
                    .max_new_tokens for g in groups]
         table_rows, shared_end, copy_len = [], [], []
