@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import tempfile
@@ -27,7 +28,10 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--image-size", type=int, default=1120, help="Mllama: 1120 = 4 tiles")
         p.add_argument("--batch-sizes", default="128",
                        help="comma-separated: concurrency (offline) or batch size (one-batch)")
-        p.add_argument("--baseline", choices=["none", "hf"], default="none")
+        p.add_argument("--baseline", type=_baselines, default="none",
+                       help="none, hf, ct2 (CTranslate2 on a CPU, offline) or hf,ct2")
+        p.add_argument("--ct2-compute-type", default="float32",
+                       help="CTranslate2's compute type (float32, int8, ...)")
         p.add_argument("--hf-modes", default="default,static")
         p.add_argument("--hf-max-batches", type=int, default=2)
         p.add_argument("--hf-batch-size", type=int, default=None,
@@ -40,6 +44,14 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--engine-args", default="{}", help="JSON of extra engine options")
         p.add_argument("--json", help="write all results here")
         p.set_defaults(fn=fn)
+
+
+def _baselines(text: str) -> set[str]:
+    names = set(text.split(","))
+    if not names <= {"none", "hf", "ct2"}:
+        raise argparse.ArgumentTypeError(f"--baseline takes none, hf, ct2 or a comma list of "
+                                         f"them, got {text!r}")
+    return names - {"none"}
 
 
 def _model(args) -> tuple[str, dict]:
@@ -96,12 +108,18 @@ def _offline(args) -> dict:
     from seq2serve.runtime.bench.engine_bench import bench_engine
 
     model_dir, load = _model(args)
+    if "ct2" in args.baseline:  # both engines run the same weights
+        from seq2serve.runtime.bench.ct2_baseline import ensure_weights
+
+        model_dir, load = ensure_weights(model_dir), {}
     mc, reqs = _requests(model_dir, args, args.num_requests)
-    results = {"workload": vars(args) | {"fn": None}, "hardware": _hardware(mc, 2),
-               "seq2serve": [], "hf": []}
+    results = {"workload": vars(args) | {"fn": None, "baseline": sorted(args.baseline)},
+               "hardware": _hardware(mc, 2), "seq2serve": [], "hf": []}
+    outputs = None
     for c in [int(x) for x in args.batch_sizes.split(",")]:
         with _engine(model_dir, load, args, c) as engine:
             r = bench_engine(engine, reqs, args.output_len, args.num_beams)
+        outputs = r.pop("output_ids")
         r["concurrency"] = c
         results["seq2serve"].append(r)
         print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s  "
@@ -112,17 +130,36 @@ def _offline(args) -> dict:
             print(f"KV bytes per request with {args.num_beams} beams: "
                   f"{r['kv_bytes_per_request'] / 2**20:.1f} MiB, "
                   f"{r['kv_ratio_to_greedy']:.2f}x a greedy request's", flush=True)
-    if args.baseline == "hf":
-        results["hf"] = _hf(model_dir, reqs, args, args.hf_batch_size or max(
-            int(x) for x in args.batch_sizes.split(",")))
+    batch = args.hf_batch_size or max(int(x) for x in args.batch_sizes.split(","))
+    if "hf" in args.baseline:
+        results["hf"] = _hf(model_dir, reqs, args, batch)
+    if "ct2" in args.baseline:
+        results["hf"].append(_ct2(model_dir, reqs, args, batch, outputs))
     return _report(results)
+
+
+def _ct2(model_dir: str, reqs, args, batch_size: int, ours: list[list[int]]) -> dict:
+    from seq2serve.runtime.bench.ct2_baseline import bench_ct2
+
+    if args.num_beams != 1 or (args.device or "cpu") != "cpu":
+        raise ValueError("--baseline ct2 runs greedy decoding on a CPU (--device cpu)")
+    r = bench_ct2(model_dir, reqs, batch_size, args.output_len, args.ct2_compute_type)
+    theirs = r.pop("output_ids")
+    r["same_output_as_seq2serve"] = sum(a == b for a, b in zip(ours, theirs))
+    print(f"CTranslate2 {args.ct2_compute_type} batch {batch_size:4d}: "
+          f"{r['tokens_per_s']:10.0f} tok/s  ({r['threads']} threads; output equal to "
+          f"seq2serve's for {r['same_output_as_seq2serve']}/{len(ours)} requests)", flush=True)
+    return r
 
 
 def _one_batch(args) -> dict:
     from seq2serve.runtime.bench.engine_bench import bench_one_batch
 
+    if "ct2" in args.baseline:
+        raise ValueError("--baseline ct2 is for bench offline")
     model_dir, load = _model(args)
-    results = {"workload": vars(args) | {"fn": None}, "seq2serve": [], "hf": []}
+    results = {"workload": vars(args) | {"fn": None, "baseline": sorted(args.baseline)},
+               "seq2serve": [], "hf": []}
     mc = None
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         mc, reqs = _requests(model_dir, args, b)
@@ -139,7 +176,7 @@ def _one_batch(args) -> dict:
         for r in results["seq2serve"]:
             r["floor_ratio"] = r["ms_per_token"] / floor_ms
             r["bandwidth_share"] = floor_ms / r["ms_per_token"]
-    if args.baseline == "hf":
+    if "hf" in args.baseline:
         b = int(args.batch_sizes.split(",")[0])
         _, reqs = _requests(model_dir, args, 2 * b)
         results["hf"] = _hf(model_dir, reqs, args, b)
@@ -188,7 +225,8 @@ def _report(results: dict) -> dict:
     for h in results.get("hf", []):
         if "tokens_per_s" in h and ours:
             h["seq2serve_ratio"] = ours / h["tokens_per_s"]
-            print(f"ratio seq2serve / HF {h['mode']}: {h['seq2serve_ratio']:.2f}x")
+            name = h["mode"] if h["mode"].startswith("ct2") else f"HF {h['mode']}"
+            print(f"ratio seq2serve / {name}: {h['seq2serve_ratio']:.2f}x")
     hw = results.get("hardware", {})
     if hw:
         print(f"device {hw['device_name']}, copy bandwidth {hw['copy_bandwidth_gbs']:.0f} GB/s")

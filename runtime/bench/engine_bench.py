@@ -38,6 +38,7 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: i
         kv["greedy_kv_bytes_per_request"] = _mean(o["meta_info"]["kv_bytes"] for o in greedy)
         kv["kv_ratio_to_greedy"] = kv["kv_bytes_per_request"] / kv["greedy_kv_bytes_per_request"]
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens, **kv,
+            "output_ids": [o["output_ids"] for o in outs],
             "decode_steps": steps, **_step_times(before, after, elapsed, steps),
             "encoder_seconds": after["encoder_seconds"] - before["encoder_seconds"],
             "host_waiting_share": device_bound,
