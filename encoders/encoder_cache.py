@@ -195,9 +195,10 @@ class EncoderCache:
                 self.detached.append(e)
             else:
                 self._free(e)
-        self._forget(keep)
+        del self.entries[keep.key]  # re-keyed in place: the content keeps its counters
         keep.key = (PUBLIC, digest)
-        self._add(keep)
+        self.entries[keep.key] = keep
+        content.scopes = {PUBLIC}
         self.sharing.promotions += 1
 
     def _add(self, entry: EncoderCacheEntry) -> None:

@@ -48,6 +48,15 @@ def _sharing(args: ServerArgs) -> SharingRule:
     return SharingRule(args.cache_public_min_users, args.cache_window_seconds)
 
 
+def _cache_hits(r: Req) -> dict[str, int]:
+    """What a request got from public and from its user's private cache entries."""
+    encoder_hits = len(r.segments) if r.encoder_cache_hit else 0
+    return {"prefix_public_tokens": r.cached_public_tokens,
+            "prefix_private_tokens": r.cached_tokens - r.cached_public_tokens,
+            "encoder_public": r.encoder_public_hits,
+            "encoder_private": encoder_hits - r.encoder_public_hits}
+
+
 def _plain_greedy(r: Req, pending: int = 0) -> bool:
     """The argmax alone decides this request's next token."""
     return r.plain_greedy and len(r.output_ids) + pending >= r.sampling_params.min_new_tokens
@@ -508,6 +517,8 @@ class Scheduler:
             completion_tokens=len(req.output_ids),
             new_logprobs=logprobs, new_top_logprobs=top,
         )
+        if self.args.cache_isolation == "shared":
+            out.cache_hits = _cache_hits(req)
         if not req.announced:  # the detokenizer keeps these from the first output on
             req.announced = True
             sp = req.sampling_params
