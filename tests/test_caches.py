@@ -238,7 +238,7 @@ def test_host_tier_serves_an_evicted_prefix_with_identical_output(tmp_path):
     filler = [[7 + i] * 40 for i in range(3)]  # unrelated prompts that evict the system prompt
     order = [("q0", prompts[0], None)] + [(f"f{i}", f, None) for i, f in enumerate(filler)] + \
         [("q1", prompts[1], None)]
-    kw = dict(page_size=8, max_total_tokens=96)
+    kw = {"page_size": 8, "max_total_tokens": 96}
     host = make_scheduler(path, host_cache_gb=0.001, **kw)
     on = _run_users(host, order)
     off = _run_users(make_scheduler(path, page_size=8, disable_radix_cache=True), order)
