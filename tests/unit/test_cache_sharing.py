@@ -317,3 +317,42 @@ def test_encoder_promotion_while_referenced_detaches_then_frees():
     assert (1, used) in seen  # one private entry detached, its pages still held
     assert seen[-1] == (0, used // 2)  # freed when its last reader finished
     assert sched.stats()["encoder_cache_merged_tokens"] == used // 2 * PS
+
+
+def test_metrics_report_scopes_promotions_merges_and_the_host_tier():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from seq2serve.runtime.frontend.metrics import ServerMetrics
+
+    sched, _ = scheduler(k=2, kv_tokens=96, host_cache_gb=0.001)
+    for rid, user in (("a", "alice"), ("b", "bob"), ("c", "carol")):
+        drive(sched, {0: [user_request(rid, user, SYSTEM + [1], source=1)]})
+    for i in range(4):  # dave's private prompts push each other to the host tier
+        drive(sched, {0: [user_request(f"f{i}", "dave", [30 + i] * 40, source=2)]})
+    assert sched.stats()["radix_evicted_tokens"] > 0
+    # the public prompt (two users) outlived dave's (one each) on the device
+    out = drive(sched, {0: [user_request("d", "erin", SYSTEM + [2], source=1)]})
+    assert out["d"].cache_hits["prefix_public_tokens"] == 24
+    assert sched.stats()["radix_host_loaded_tokens"] == 0
+    out = drive(sched, {0: [user_request("f0again", "dave", [30] * 40, source=2)]})
+    assert out["f0again"].cached_tokens == 40  # back from the host tier
+    stats = sched.stats()
+    assert stats["radix_host_loaded_tokens"] > 0 and stats["radix_promotions"] > 0
+    metrics = ServerMetrics()
+    metrics.set_scheduler_stats(stats)
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+
+    def value(name, **labels):
+        return got[(name, tuple(sorted(labels.items())))]
+
+    assert value("seq2serve_cache_promotions", cache="radix") == stats["radix_promotions"]
+    assert value("seq2serve_cache_promotions", cache="encoder") == 1
+    assert value("seq2serve_cache_merged_tokens", cache="radix") == stats["radix_merged_tokens"]
+    assert value("seq2serve_cache_scoped", cache="radix", scope="private") == \
+        stats["radix_private_tokens"]
+    assert value("seq2serve_cache_scoped", cache="encoder", scope="public") == \
+        stats["encoder_cache_public_entries"]
+    assert value("seq2serve_host_cache_loads", cache="radix") == stats["radix_host_loaded_tokens"]
+    assert value("seq2serve_host_cache_tokens", cache="encoder") == \
+        stats["encoder_cache_host_tokens"]
