@@ -290,3 +290,25 @@ def test_host_tier_under_pressure_changes_no_output_and_leaks_nothing(t5_dir, so
     assert usage["kv_used_tokens"] == usage["cross_used_tokens"] == 0
     assert tight.radix.host.allocator.num_used == 0
     assert tight.encoder_cache.host.allocator.num_used == 0
+
+
+def test_engine_reports_public_and_private_hits(t5_dir):
+    from seq2serve import Seq2SeqEngine
+    from seq2serve.tests.helpers import hf_greedy
+
+    tok = load_tokenizer(t5_dir)
+    src = SOURCES[1]
+    greedy = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with Seq2SeqEngine(model_path=t5_dir, device="cpu", max_total_tokens=2048,
+                       max_cross_tokens=2048, cache_isolation="shared",
+                       cache_public_min_users=2, host_cache_gb=0.01) as engine:
+        outs = [engine.generate(prompt=src, sampling_params=greedy, user=u)
+                for u in ("alice", "alice", "bob")]
+        hits = [o["meta_info"]["cache_hits"] for o in outs]
+        assert [h["encoder_private"] for h in hits] == [0, 1, 0]
+        assert [h["encoder_public"] for h in hits] == [0, 0, 1]  # bob made it public
+        ref = hf_greedy(t5_dir, tok(src).input_ids, 6)
+        assert all(o["output_ids"] == ref for o in outs)
+        stats = engine.stats()
+        assert stats["encoder_cache_promotions"] == 1 and stats["encoder_cache_public_entries"] == 1
+        engine.check_integrity()

@@ -26,48 +26,19 @@ the caller's pages that duplicate ones already in the tree, which the caller fre
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from seq2serve.runtime.memory.cache_sharing import ANONYMOUS, PUBLIC, SharingRule, UsageWindow
 from seq2serve.runtime.memory.host_kv_pool import HostKVPool
 from seq2serve.runtime.memory.page_allocator import PageAllocator
-
-Namespace = tuple
-Owner = str | None  # PUBLIC (None) or a user id
-_MISSING = object()
-
-
-@dataclass(eq=False)
-class RadixNode:
-    tokens: tuple[int, ...] = ()  # a multiple of page_size tokens
-    copies: dict[Owner, list[int]] = field(default_factory=dict)  # owner -> device pages
-    host: dict[Owner, list[int]] = field(default_factory=dict)  # owner -> host-tier pages
-    parent: RadixNode | None = None
-    children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)  # by first page
-    lock_ref: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    namespace: Namespace | None = None  # set on roots only
-    usage: UsageWindow | None = None  # shared isolation: hits and users per window
-    retired: list[list[int]] = field(default_factory=list)  # merged copies still being read
-
-    @property
-    def pages(self) -> list[int]:
-        """The public device copy (the only copy without shared isolation)."""
-        return self.copies.get(PUBLIC, [])
-
-    def visible(self, owner: Owner):
-        """Which copy `owner` reads here (PUBLIC or owner), or _MISSING."""
-        for o in (PUBLIC, owner):
-            if o in self.copies or o in self.host:
-                return o
-        return _MISSING
-
-
-@dataclass
-class PrefixMatch:
-    pages: list[int]  # device pages of the matched prefix, in order
-    node: RadixNode  # the deepest matched node (to lock)
-    public_pages: int = 0  # how many of `pages` came from public copies
+from seq2serve.runtime.scheduler.radix_node import (
+    MISSING,
+    Namespace,
+    Owner,
+    PrefixMatch,
+    RadixNode,
+    common_pages,
+    needed_below,
+)
 
 
 class RadixCache:
@@ -119,7 +90,7 @@ class RadixCache:
             child = node.children.get(tuple(tokens[pos:pos + ps]))
             if child is None:
                 break
-            common = _common_pages(child.tokens, tokens[pos:n], ps)
+            common = common_pages(child.tokens, tokens[pos:n], ps)
             if common < len(child.tokens) // ps:
                 child = self._split(child, common)
             pos += len(child.tokens)
@@ -128,9 +99,9 @@ class RadixCache:
                 self._count(node, owner, hit=True)
             if seen:
                 o = node.visible(owner)
-                if o is not _MISSING and o not in node.copies and not self._load(node, o, found):
-                    o = _MISSING
-                if o is _MISSING:
+                if o is not MISSING and o not in node.copies and not self._load(node, o, found):
+                    o = MISSING
+                if o is MISSING:
                     seen = False
                 else:
                     found.pages += node.copies[o]
@@ -187,14 +158,14 @@ class RadixCache:
                     self._count(new, owner, hit=False)
                 node.children[key] = new
                 return duplicates
-            common = _common_pages(child.tokens, tokens[pos:], ps)
+            common = common_pages(child.tokens, tokens[pos:], ps)
             if common < len(child.tokens) // ps:
                 child = self._split(child, common)
             if self.sharing is not None:
                 self._count(child, owner, hit=False)
             mine = pages[first:first + common]
             o = child.visible(owner)
-            if o is _MISSING:  # adopt the caller's pages as its copy
+            if o is MISSING:  # adopt the caller's pages as its copy
                 assert first >= cached_pages, "a cached prefix left the tree while locked"
                 child.copies[owner] = list(mine)
             elif o in child.copies:
@@ -273,7 +244,7 @@ class RadixCache:
         freed = 0
         while freed < num_pages:
             victims = [(n, o) for n in self._nodes() if n.lock_ref == 0 for o in n.copies
-                       if not _needed_below(n, o, host=False)]
+                       if not needed_below(n, o, host=False)]
             if not victims:
                 break
             node, owner = min(victims, key=lambda v: self._rank(v[0]))
@@ -345,7 +316,7 @@ class RadixCache:
         freed = 0
         while freed < num_pages:
             victims = [(n, o) for n in self._nodes() if n is not keep and n.lock_ref == 0
-                       for o in n.host if not _needed_below(n, o, host=True)]
+                       for o in n.host if not needed_below(n, o, host=True)]
             if not victims:
                 break
             node, owner = min(victims, key=lambda v: self._rank(v[0]))
@@ -400,23 +371,3 @@ class RadixCache:
                        radix_host_stored_tokens=self.host_stored_pages * self.page_size,
                        radix_host_loaded_tokens=self.host_loaded_pages * self.page_size)
         return out
-
-
-def _needed_below(node: RadixNode, owner: Owner, host: bool) -> bool:
-    """Does a deeper copy read through `owner`'s copy at `node`? A device copy is needed by
-    device copies below it (host ones stay reachable once it moves to the host); a host copy
-    by any copy below it."""
-    for c in node.children.values():
-        for o in (*c.copies, *(c.host if host else ())):
-            if owner is PUBLIC or o == owner:
-                return True
-    return False
-
-
-def _common_pages(a: tuple[int, ...], b: list[int], ps: int) -> int:
-    """How many leading whole pages two token sequences share."""
-    n = 0
-    limit = min(len(a), len(b)) // ps
-    while n < limit and tuple(a[n * ps:(n + 1) * ps]) == tuple(b[n * ps:(n + 1) * ps]):
-        n += 1
-    return n

@@ -11,7 +11,7 @@ from seq2serve.runtime.config.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from seq2serve.encoders.encoder_cache import EncoderCacheEntry
     from seq2serve.encoders.encoder_input import EncoderPayload, EncoderSegment
-    from seq2serve.runtime.scheduler.radix_cache import RadixNode
+    from seq2serve.runtime.scheduler.radix_node import RadixNode
 
 
 @dataclass

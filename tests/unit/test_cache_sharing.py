@@ -356,3 +356,15 @@ def test_metrics_report_scopes_promotions_merges_and_the_host_tier():
     assert value("seq2serve_host_cache_loads", cache="radix") == stats["radix_host_loaded_tokens"]
     assert value("seq2serve_host_cache_tokens", cache="encoder") == \
         stats["encoder_cache_host_tokens"]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"cache_isolation": "tenant"}, "cache_isolation"),
+    ({"cache_public_min_users": 0}, "cache_public_min_users"),
+    ({"cache_public_min_users": 65}, "cache_public_min_users"),
+    ({"cache_window_seconds": 0}, "cache_window_seconds"),
+    ({"host_cache_gb": -1.0}, "host_cache_gb"),
+])
+def test_bad_options_name_the_option(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ServerArgs(**kwargs)
