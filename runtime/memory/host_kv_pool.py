@@ -50,9 +50,6 @@ class HostKVPool:
         p = self.device_pool
         for buf, host in ((p._k, self.k), (p._v, self.v)):
             blocks = self._device_pages(buf, device_pages)  # one gather on the device
-            if not blocks.is_cuda:
-                host[host_pages] = blocks
-                continue
             for i, hp in enumerate(host_pages):  # one async copy per page
                 host[hp].copy_(blocks[i], non_blocking=True)
 
@@ -62,13 +59,10 @@ class HostKVPool:
         ps = self.page_size
         for buf, host in ((p._k, self.k), (p._v, self.v)):
             L = buf.shape[0]
-            if buf.is_cuda:
-                blocks = torch.empty((len(host_pages), *host.shape[1:]), dtype=host.dtype,
-                                     device=buf.device)
-                for i, hp in enumerate(host_pages):
-                    blocks[i].copy_(host[hp], non_blocking=True)
-            else:
-                blocks = host[host_pages]
+            blocks = torch.empty((len(host_pages), *host.shape[1:]), dtype=host.dtype,
+                                 device=buf.device)
+            for i, hp in enumerate(host_pages):  # one async copy per page
+                blocks[i].copy_(host[hp], non_blocking=True)
             idx = torch.tensor(device_pages, device=buf.device)
             buf.view(L, -1, ps, *buf.shape[2:])[:, idx] = blocks.transpose(0, 1)
 

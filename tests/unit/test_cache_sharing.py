@@ -368,3 +368,34 @@ def test_metrics_report_scopes_promotions_merges_and_the_host_tier():
 def test_bad_options_name_the_option(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ServerArgs(**kwargs)
+
+
+def test_host_pool_gives_back_exactly_what_it_took():
+    import torch
+
+    from seq2serve.runtime.memory.host_kv_pool import HostKVPool, host_pools
+    from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+
+    pool = TokenToKVPool(12, PS, 3, 2, 5, torch.float32, "cpu")
+    torch.manual_seed(0)
+    pool._k.normal_()
+    pool._v.normal_()
+    src = [7, 2, 9]
+    want_k = pool._k.view(3, -1, PS, 2, 5)[:, src].clone()
+    want_v = pool._v.view(3, -1, PS, 2, 5)[:, src].clone()
+    host = HostKVPool(pool, 6)
+    held = host.allocator.alloc(3)
+    host.store(src, held)
+    pool._k.zero_()
+    pool._v.zero_()
+    dst = [4, 11, 1]
+    host.load(held, dst)
+    assert torch.equal(pool._k.view(3, -1, PS, 2, 5)[:, dst], want_k)
+    assert torch.equal(pool._v.view(3, -1, PS, 2, 5)[:, dst], want_v)
+    others = [p for p in range(1, 13) if p not in dst]
+    assert not pool._k.view(3, -1, PS, 2, 5)[:, others].any()  # no other page written
+    # the budget is split as the device pools' sizes are
+    small = TokenToKVPool(4, PS, 3, 2, 5, torch.float32, "cpu")
+    a, b = host_pools(HostKVPool.page_bytes(pool) * 16 / (1 << 30), pool, small)
+    assert (a.allocator.num_pages, b.allocator.num_pages) == (12, 4)
+    assert host_pools(0.0, pool, None) == [None, None]
