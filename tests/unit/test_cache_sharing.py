@@ -235,21 +235,29 @@ def test_no_private_entry_serves_another_user_under_any_interleaving(seed):
     assert sched.memory.token_to_kv.allocator.num_used == 0
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_under_eviction_no_user_sees_more_than_the_rules_allow(seed):
+@pytest.mark.parametrize("seed, host_gb", [(0, 0.0), (1, 0.0), (0, 1e-4), (1, 1e-4)])
+def test_under_eviction_no_user_sees_more_than_the_rules_allow(seed, host_gb):
+    """(With a host tier, copies go there and come back under the same rules.)"""
     rng = random.Random(seed)
-    sched, clock = scheduler(k=2, kv_tokens=128, max_running_requests=3)
+    sched, clock = scheduler(k=2, kv_tokens=128, max_running_requests=3, host_cache_gb=host_gb)
     model = SharingModel(2, 1000.0, clock)
     seen = watch(sched, model, exact=False)
     arrivals: dict[int, list] = {}
+    users = ["a", "b", "c", "d", None]
+    own = {u: [rng.randrange(2, 300) for _ in range(14)] for u in users}  # resent by its user
     for i in range(60):
-        base = rng.choice([SYSTEM, SYSTEM[:13], list(range(900, 917))])
+        user = rng.choice(users)
+        base = rng.choice([SYSTEM, SYSTEM[:13], list(range(900, 917)), own[user], own[user]])
         tail = [rng.randrange(2, 300) for _ in range(rng.randrange(0, 9))]
-        tr = user_request(f"r{i}", rng.choice(["a", "b", "c", "d", None]), base + tail,
-                          new=rng.randrange(1, 9))
+        tr = user_request(f"r{i}", user, base + tail, new=rng.randrange(1, 9))
         arrivals.setdefault(rng.randrange(80), []).append(tr)
     drive(sched, arrivals, clock)
-    assert sched.stats()["radix_evicted_tokens"] > 0 and any(p[0] for _, p, _ in seen)
+    stats = sched.stats()
+    assert stats["radix_evicted_tokens"] > 0 and any(p[0] for _, p, _ in seen)
+    assert bool(host_gb) == (stats.get("radix_host_loaded_tokens", 0) > 0)
+    sched.flush_cache()
+    sched.check_integrity()
+    assert sched.memory.token_to_kv.allocator.num_used == 0
 
 
 def test_encoder_entries_are_private_until_k_users_send_the_input():
