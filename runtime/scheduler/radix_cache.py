@@ -125,12 +125,8 @@ class RadixCache:
                 for pages in node.retired:
                     self.allocator.free(pages)
                 node.retired = []
-            parent = node.parent
-            if node.lock_ref == 0 and parent is not None and not node.copies and \
-                    not node.host and not node.children:
-                del parent.children[node.tokens[:self.page_size]]  # promoted away while read
             self._drop_if_empty(node)
-            node = parent
+            node = node.parent
 
     # --- inserting ---------------------------------------------------------------------------
     def insert(self, ns: Namespace, tokens: list[int], pages: list[int],
