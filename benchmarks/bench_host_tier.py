@@ -96,7 +96,6 @@ def bench_mllama(shape: str | None, trials: int, device: str | None) -> dict:
         from seq2serve.runtime.bench.shapes import write_shape
 
         path = write_shape(shape, tmp)
-        # a small decoder pool: the host tier is split between the pools as their sizes are
         kw = {"load_format": "dummy", "dtype": "bfloat16", "context_length": 4096,
               "max_total_tokens": 8192}
         size, tokens = 1120, 4 * 1601  # 2x2 tiles of 560: the 4-tile case

@@ -68,13 +68,13 @@ class HostKVPool:
 
 
 def host_pools(gigabytes: float, *device_pools: PagedKVBuffers | None) -> list[HostKVPool | None]:
-    """One host tier per device pool, `gigabytes` split between them as their device sizes
-    are; None for a missing pool or with no budget."""
-    sizes = [0 if p is None else p.allocator.num_pages * HostKVPool.page_bytes(p)
-             for p in device_pools]
-    budget, total = int(gigabytes * (1 << 30)), sum(sizes)
+    """One host tier per device pool, `gigabytes` in equal shares among the pools present
+    (their device sizes are no guide: a small cross pool evicts as often as a large decoder
+    pool); None for a missing pool or with no budget."""
+    present = [p for p in device_pools if p is not None]
+    share = int(gigabytes * (1 << 30)) // max(len(present), 1)
     out: list[HostKVPool | None] = []
-    for p, size in zip(device_pools, sizes):
-        pages = 0 if not size else budget * size // total // HostKVPool.page_bytes(p)
-        out.append(HostKVPool(p, pages) if p is not None and pages > 0 else None)
+    for p in device_pools:
+        pages = 0 if p is None else share // HostKVPool.page_bytes(p)
+        out.append(HostKVPool(p, pages) if pages > 0 else None)
     return out

@@ -402,8 +402,11 @@ def test_host_pool_gives_back_exactly_what_it_took():
     assert torch.equal(pool._v.view(3, -1, PS, 2, 5)[:, dst], want_v)
     others = [p for p in range(1, 13) if p not in dst]
     assert not pool._k.view(3, -1, PS, 2, 5)[:, others].any()  # no other page written
-    # the budget is split as the device pools' sizes are
-    small = TokenToKVPool(4, PS, 3, 2, 5, torch.float32, "cpu")
-    a, b = host_pools(HostKVPool.page_bytes(pool) * 16 / (1 << 30), pool, small)
-    assert (a.allocator.num_pages, b.allocator.num_pages) == (12, 4)
-    assert host_pools(0.0, pool, None) == [None, None]
+    # the budget is split equally between the pools present
+    small = TokenToKVPool(4, PS, 1, 2, 5, torch.float32, "cpu")  # a third of the page bytes
+    gb = HostKVPool.page_bytes(pool) * 16 / (1 << 30)
+    a, b = host_pools(gb, pool, small)
+    assert (a.allocator.num_pages, b.allocator.num_pages) == (8, 24)
+    (c, d) = host_pools(gb, pool, None)
+    assert c.allocator.num_pages == 16 and d is None
+    assert host_pools(0.0, pool, small) == [None, None]
