@@ -210,3 +210,28 @@ def test_an_evicted_image_is_encoded_again_from_the_pixel_store(engine, images):
     assert a["output_ids"] == b["output_ids"] == c["output_ids"]
     assert stats["encoder_forwards"] == before["encoder_forwards"] + 2
     engine.check_integrity()  # raises if a slot leaked
+
+
+def test_an_image_evicted_to_the_host_tier_comes_back_without_the_vision_tower(
+        mllama_dir, oracle, images):
+    """A cross pool that holds one image: the second image evicts the first's cross K/V to
+    the host tier (hidden-state tier off), and the first image's next request copies them
+    back: no encoder pass, HF's output."""
+    with Seq2SeqEngine(model_path=mllama_dir, device="cpu", page_size=4, max_cross_tokens=28,
+                       max_images_per_request=1, max_image_pixels=200_000,
+                       encoder_hidden_cache_mb=0, host_cache_gb=0.01) as engine:
+        tok = oracle.processor.tokenizer
+        ids = [IMAGE, tok.bos_token_id] + tok("Describe", add_special_tokens=False).input_ids
+        def gen(img):
+            return engine.generate(input_ids=ids, image_data=[img], sampling_params=GREEDY)
+
+        a, _ = gen(images[0]), gen(images[1])
+        before = engine.stats()
+        c = gen(images[0])
+        stats = engine.stats()
+        assert c["meta_info"]["encoder_cache_hit"] and c["output_ids"] == a["output_ids"]
+        assert stats["encoder_forwards"] == before["encoder_forwards"]  # no vision tower
+        assert stats["encoder_projections"] == before["encoder_projections"]
+        assert stats["encoder_cache_host_hits"] == before["encoder_cache_host_hits"] + 1
+        assert c["output_ids"] == oracle.generate_ids(ids, [images[0]], 8)
+        engine.check_integrity()

@@ -47,7 +47,10 @@ class ServerArgs:
     # caches
     disable_radix_cache: bool = False  # turn off decoder prefix reuse
     disable_encoder_cache: bool = False  # turn off encoder output (cross K/V) reuse
-    cache_isolation: str = "none"  # none, or user: cached entries never cross users
+    cache_isolation: str = "none"  # none, user (never across users) or shared (public after K users)
+    cache_public_min_users: int = 3  # shared isolation: distinct users who make an entry public
+    cache_window_seconds: float = 600.0  # shared isolation: the window those users are counted in
+    host_cache_gb: float = 0.0  # host-memory tier for evicted decoder KV and cross K/V (0: off)
     encoder_hidden_cache_mb: int = 256  # warm tier: encoder hidden states kept after eviction
     log_level: str = "warning"  # debug, info, warning, error
     # request limits (each exceeded limit is a 4xx naming it)
@@ -104,9 +107,17 @@ class ServerArgs:
                              f"got {self.shutdown_grace!r}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
-        if self.cache_isolation not in ("none", "user"):
-            raise ValueError(f"cache_isolation must be 'none' or 'user', "
+        if self.cache_isolation not in ("none", "user", "shared"):
+            raise ValueError(f"cache_isolation must be 'none', 'user' or 'shared', "
                              f"got {self.cache_isolation!r}")
+        k = self.cache_public_min_users
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+            raise ValueError(f"cache_public_min_users must be an integer in [1, 64], got {k!r}")
+        for name, least in (("cache_window_seconds", 1e-9), ("host_cache_gb", 0.0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be a {'positive' if least else 'non-negative'} "
+                                 f"number, got {value!r}")
         for name in ("encoder_hidden_cache_mb", "cuda_graph_max_prefill_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

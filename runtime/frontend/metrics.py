@@ -42,6 +42,19 @@ class ServerMetrics:
                                      registry=r)
         self.prefix_tokens = Gauge("seq2serve_prefix_cache_tokens",
                                    "Decoder tokens held by the radix cache", registry=r)
+        # --cache-isolation shared: cumulative counts come from the scheduler, hence gauges
+        self.scoped = Gauge("seq2serve_cache_scoped", "Shared isolation: public and private "
+                            "radix tokens and encoder entries", ["cache", "scope"], registry=r)
+        self.promotions = Gauge("seq2serve_cache_promotions", "Shared isolation: entries made "
+                                "public (since start)", ["cache"], registry=r)
+        self.merged_tokens = Gauge("seq2serve_cache_merged_tokens", "Shared isolation: tokens "
+                                   "of private copies freed by merging (since start)", ["cache"],
+                                   registry=r)
+        # --host-cache-gb
+        self.host_tokens = Gauge("seq2serve_host_cache_tokens", "Tokens of K/V held by the "
+                                 "host tier", ["cache"], registry=r)
+        self.host_loads = Gauge("seq2serve_host_cache_loads", "Host-tier hits (radix: tokens "
+                                "loaded back; encoder: inputs) since start", ["cache"], registry=r)
 
     # hooks called by the tokenizer manager
     def on_first_token(self, ttft: float) -> None:
@@ -72,6 +85,19 @@ class ServerMetrics:
         if stats.get("radix_queried_tokens"):
             self.prefix_hit_rate.set(stats["radix_matched_tokens"] / stats["radix_queried_tokens"])
         self.prefix_tokens.set(stats.get("radix_cache_tokens", 0))
+        for cache, prefix, unit in (("radix", "radix_", "tokens"),
+                                    ("encoder", "encoder_cache_", "entries")):
+            if f"{prefix}promotions" in stats:
+                for scope in ("public", "private"):
+                    self.scoped.labels(cache, scope).set(stats[f"{prefix}{scope}_{unit}"])
+                self.promotions.labels(cache).set(stats[f"{prefix}promotions"])
+                self.merged_tokens.labels(cache).set(stats[f"{prefix}merged_tokens"])
+        for cache, held, loads in (("radix", "radix_host_tokens", "radix_host_loaded_tokens"),
+                                   ("encoder", "encoder_cache_host_tokens",
+                                    "encoder_cache_host_hits")):
+            if held in stats:
+                self.host_tokens.labels(cache).set(stats[held])
+                self.host_loads.labels(cache).set(stats[loads])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

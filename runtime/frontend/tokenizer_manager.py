@@ -387,6 +387,8 @@ class TokenizerManager:
             "encoder_cache_hit": out.encoder_cache_hit,
             "e2e_latency": time.monotonic() - s.created,
         }
+        if out.cache_hits is not None:  # shared isolation: public and private hits
+            meta["cache_hits"] = out.cache_hits
         if s.first_token is not None:
             meta["ttft"] = s.first_token - s.created
         meta.update(out.extra)  # the scheduler's timings, at the end

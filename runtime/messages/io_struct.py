@@ -76,6 +76,8 @@ class TokenOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     encoder_cache_hit: bool = False
+    # shared isolation: prefix tokens and encoder inputs served by public / private entries
+    cache_hits: dict[str, int] | None = None
     new_logprobs: list[float] | None = None
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # set when the scheduler refused the request (bad input)

@@ -11,7 +11,7 @@ from seq2serve.runtime.config.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from seq2serve.encoders.encoder_cache import EncoderCacheEntry
     from seq2serve.encoders.encoder_input import EncoderPayload, EncoderSegment
-    from seq2serve.runtime.scheduler.radix_cache import RadixNode
+    from seq2serve.runtime.scheduler.radix_node import RadixNode
 
 
 @dataclass
@@ -50,12 +50,14 @@ class Req:
     namespace: tuple = ()  # cache namespace: user (if isolated) + encoder keys
     cross_entries: list[EncoderCacheEntry] = field(default_factory=list)  # refs held
     encoder_cache_hit: bool = False  # no encoder pass ran for this request
+    encoder_public_hits: int = 0  # inputs served by public entries (shared isolation)
     # --- set by the scheduler: decoder part ---
     req_pool_idx: int | None = None  # row in the ReqToTokenPool
     kv_pages: list[int] = field(default_factory=list)  # TokenToKVPool pages, in order
     prefix_pages: int = 0  # leading kv_pages owned by the radix cache (locked)
     prefix_node: RadixNode | None = None  # the locked radix node
     cached_tokens: int = 0  # decoder tokens whose K/V came from the radix cache
+    cached_public_tokens: int = 0  # of those, the tokens of public entries (shared isolation)
     kv_len: int = 0  # decoder positions whose K/V are (being) computed; slots cover exactly these
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)

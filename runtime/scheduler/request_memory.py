@@ -65,7 +65,9 @@ class RequestMemory:
             if jobs is None:
                 return None
         # the decoder prefix: at least the last token is computed, for its logits
-        pages, node = self.radix.match_prefix(req.namespace, req.fill_ids[: req.seq_len - 1])
+        match = self.radix.match_prefix(req.namespace, req.fill_ids[: req.seq_len - 1],
+                                        req.user)
+        pages, node = match.pages, match.node
         self.radix.lock(node)
         need = self.token_to_kv.pages_for(req.seq_len) - len(pages)
         if not self.make_room(need + reserve_pages):
@@ -77,6 +79,7 @@ class RequestMemory:
         req.prefix_node, req.prefix_pages = node, len(pages)
         req.kv_pages = pages + self.token_to_kv.allocator.alloc(need)
         req.kv_len = req.cached_tokens = len(pages) * self.page_size
+        req.cached_public_tokens = match.public_pages * self.page_size
         if req.kv_len:  # the prefix's slots, for attention
             row = self.req_to_token.req_to_token[req.req_pool_idx]
             row[: req.kv_len] = self.token_to_kv.slots(pages, 0, req.kv_len).to(row.device)
@@ -97,10 +100,11 @@ class RequestMemory:
         cache, ns, segs = self.encoder_cache, req.namespace[0], req.segments
         # cached inputs first: making room for a new one evicts unused entries, which must
         # not be the ones this request is about to use
-        order = sorted(range(len(segs)), key=lambda i: (ns, segs[i].key) not in cache.entries)
+        order = sorted(range(len(segs)),
+                       key=lambda i: not cache.cached((ns, segs[i].key), req.user))
         got: dict[int, tuple[EncoderCacheEntry, EncodeWork]] = {}
         for i in order:
-            acquired = cache.acquire((ns, segs[i].key), segs[i].length)
+            acquired = cache.acquire((ns, segs[i].key), segs[i].length, req.user)
             if acquired is None:
                 break
             got[i] = acquired
@@ -112,6 +116,8 @@ class RequestMemory:
                for i, seg in enumerate(segs)):
             self._release_cross(req)
             raise InputsNeeded(req.rid)
+        req.encoder_public_hits = sum(work is not EncodeWork.ENCODE and entry.public
+                                      for entry, work in got.values())
         return [EncoderJob(entry, work, seg) for seg, (entry, work) in
                 ((segs[i], got[i]) for i in range(len(segs))) if work is not EncodeWork.NONE]
 
@@ -238,7 +244,8 @@ class RequestMemory:
             return self.release(req)
         full = req.kv_len // self.page_size  # only whole pages are shared
         tokens = req.fill_ids[: full * self.page_size]
-        duplicates = self.radix.insert(req.namespace, tokens, req.kv_pages[:full])
+        duplicates = self.radix.insert(req.namespace, tokens, req.kv_pages[:full], req.user,
+                                       cached_pages=req.prefix_pages)
         self.token_to_kv.allocator.free(duplicates + req.kv_pages[full:])
         req.kv_pages = []
         self.release(req)
@@ -273,13 +280,17 @@ class RequestMemory:
             owned += sorted({p for r in g.rows for p in r.kv_pages[pre:]})
         self.req_to_token.check(rows)
         self.token_to_kv.allocator.check(owned + self.radix.owned_pages())
+        if self.radix.host is not None:  # the host tier holds cached copies only
+            self.radix.host.allocator.check(self.radix.host_pages())
         if self.cross_kv is not None:
             self.cross_kv.allocator.check(self.encoder_cache.owned_pages())
+            if self.encoder_cache.host is not None:
+                self.encoder_cache.host.allocator.check(self.encoder_cache.host_pages())
             refs: dict[int, int] = {}
             for r in live:
                 for e in r.cross_entries:
                     refs[id(e)] = refs.get(id(e), 0) + 1
-            for e in self.encoder_cache.entries.values():
+            for e in self.encoder_cache.all_entries():
                 if e.refs != refs.get(id(e), 0):
                     raise AssertionError(f"encoder cache entry {e.key[1][:8]} has {e.refs} "
                                          f"references but {refs.get(id(e), 0)} live holders")

@@ -29,6 +29,8 @@ from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.worker import ModelWorker
 from seq2serve.runtime.executor.worker_batch import DecoderBatch, EncodeBatch
+from seq2serve.runtime.memory.cache_sharing import SharingRule
+from seq2serve.runtime.memory.host_kv_pool import host_pools
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
@@ -41,6 +43,19 @@ from seq2serve.runtime.scheduler.request_memory import InputsNeeded, RequestMemo
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
 
 logger = logging.getLogger(__name__)
+
+
+def _sharing(args: ServerArgs) -> SharingRule:
+    return SharingRule(args.cache_public_min_users, args.cache_window_seconds)
+
+
+def _cache_hits(r: Req) -> dict[str, int]:
+    """What a request got from public and from its user's private cache entries."""
+    encoder_hits = len(r.segments) if r.encoder_cache_hit else 0
+    return {"prefix_public_tokens": r.cached_public_tokens,
+            "prefix_private_tokens": r.cached_tokens - r.cached_public_tokens,
+            "encoder_public": r.encoder_public_hits,
+            "encoder_private": encoder_hits - r.encoder_public_hits}
 
 
 def _plain_greedy(r: Req, pending: int = 0) -> bool:
@@ -83,12 +98,17 @@ class Scheduler:
         w = self.worker
         self.device = w.device
         self.encoder_cache = None
+        shared = args.cache_isolation == "shared"  # each cache counts its own promotions
+        host_kv, host_cross = host_pools(args.host_cache_gb, w.token_to_kv_pool, w.cross_kv_pool)
         if w.cross_kv_pool is not None:
             self.encoder_cache = EncoderCache(w.cross_kv_pool,
                                               enabled=not args.disable_encoder_cache,
-                                              hidden_budget_bytes=args.encoder_hidden_cache_mb << 20)
+                                              hidden_budget_bytes=args.encoder_hidden_cache_mb << 20,
+                                              sharing=_sharing(args) if shared else None,
+                                              host=host_cross)
         self.radix = RadixCache(w.token_to_kv_pool.allocator, args.page_size,
-                                enabled=not args.disable_radix_cache)
+                                enabled=not args.disable_radix_cache,
+                                sharing=_sharing(args) if shared else None, host=host_kv)
         self.memory = RequestMemory(w.req_to_token_pool, w.token_to_kv_pool,
                                     w.cross_kv_pool, self.encoder_cache, self.radix)
         self.encoder_stage = EncoderStage(self.worker, self.encoder_cache,
@@ -547,6 +567,8 @@ class Scheduler:
             completion_tokens=len(req.output_ids),
             new_logprobs=logprobs, new_top_logprobs=top,
         )
+        if self.args.cache_isolation == "shared":
+            out.cache_hits = _cache_hits(req)
         if not req.announced:  # the detokenizer keeps these from the first output on
             req.announced = True
             sp = req.sampling_params
