@@ -106,7 +106,8 @@ class TranslationRequest(_Body):
     model: str | None = None
     input: str | list[str]
     source_lang: str = Field(min_length=1, max_length=64)
-    target_lang: str = Field(min_length=1, max_length=64)
+    # one language for every input, or one per input
+    target_lang: str | list[str] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     stream: bool = False
