@@ -59,7 +59,9 @@ def train_spm(model_type: str, vocab_size: int, **kwargs) -> bytes:
     return buf.getvalue()
 
 
-def _marian_tokenizer(out: Path):
+def _marian_tokenizer(out: Path, targets: tuple[str, ...] = ()):
+    """An OPUS-MT pair's tokenizer (en -> de); with `targets`, a multi-target model's, whose
+    vocabulary has a ">>code<<" token per target language."""
     import sentencepiece as spm
     from transformers import MarianTokenizer
 
@@ -70,10 +72,13 @@ def _marian_tokenizer(out: Path):
     vocab = {"</s>": 0, "<unk>": 1}
     for i in range(sp.get_piece_size()):
         vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    for code in targets:
+        vocab[f">>{code}<<"] = len(vocab)
     vocab["<pad>"] = len(vocab)  # OPUS-MT's pad is the last id (and the decoder start)
     (out / "vocab.json").write_text(json.dumps(vocab))
     return MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"),
-                           str(out / "vocab.json"), source_lang="en", target_lang="de")
+                           str(out / "vocab.json"), source_lang="en",
+                           target_lang=None if targets else "de")
 
 
 def _m2m100_tokenizer(out: Path):
@@ -163,6 +168,8 @@ def write_bart_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
            "eos_token_id": cfg.eos_token_id, "max_length": 64}
     if family == "marian":  # as the OPUS-MT checkpoints ship it
         gen["bad_words_ids"] = [[cfg.pad_token_id]]
+    if family == "mbart":  # a one-to-many model's default target: German
+        gen["forced_bos_token_id"] = tok.convert_tokens_to_ids("de_DE")
     GenerationConfig(**gen).save_pretrained(str(out))
     return out
 

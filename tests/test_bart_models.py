@@ -5,6 +5,7 @@ first token; and target-language routing through the engine and /v1/translations
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -172,3 +173,66 @@ def test_translations_endpoint_routes_languages_and_names_the_choices(ckpt):
         assert httpx.get(server.url + "/debug/integrity", timeout=30).status_code == 200
     finally:
         server.kill()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="CPU engine test; on a GPU see test_triton_kernels.py")
+def test_triton_backend_matches_torch_native(ckpt):
+    """The Triton kernels (interpreted) on mBART's head sizes (8 in the encoder, 16 in the
+    decoder), no position bias, with a decoder prompt of two tokens (start and the target
+    language) running the extend kernel over several positions."""
+    family = "mbart"
+    path = ckpt[family]
+    tok = load_tokenizer(path)
+    start = ModelConfig.from_path(path).arch.decoder_start_token_id
+    prompt = [start, tok.convert_tokens_to_ids("de_DE")]
+
+    def run(backend: str) -> dict[str, list[int]]:
+        sched = make_scheduler(path, attention_backend=backend, page_size=4)
+        for i, text in enumerate(SOURCES[:2]):
+            sched.add_request(request(f"r{i}", tok(text).input_ids, prompt, max_new_tokens=4))
+        return run_to_completion(sched)
+
+    assert run("triton") == run("torch_native")
+
+
+def test_languages_of_a_multi_target_opus_mt_and_of_nllb(tmp_path, ckpt):
+    """OPUS-MT multi-target models read the target as a ">>code<<" token at the start of the
+    source (the tokenizer's own handling of it is the oracle); NLLB picks its own code for a
+    macrolanguage and keeps the others reachable by their codes."""
+    from seq2serve.tests.bart_checkpoints import _marian_tokenizer
+
+    tok = _marian_tokenizer(tmp_path, targets=("deu", "fra", "spa"))
+    langs = TranslationLanguages.of(tok)
+    assert langs.codes == [">>deu<<", ">>fra<<", ">>spa<<"]
+    for asked in ("fr", "fra", "French", ">>fra<<"):
+        assert langs.resolve(asked) == ">>fra<<"
+    text = CORPUS[0]
+    assert langs.source_ids(text, "en", ">>fra<<") == tok(f">>fra<< {text}").input_ids
+    assert langs.source_ids(text, "en", ">>fra<<")[0] == tok.convert_tokens_to_ids(">>fra<<")
+    assert langs.forced_tokens(">>fra<<") == []
+    with pytest.raises(ValueError, match=r"'it'.*>>deu<< \(de\), >>fra<< \(fr\), >>spa<<"):
+        langs.resolve("it")
+
+    nllb = TranslationLanguages.of(load_tokenizer(ckpt["nllb"]))
+    assert nllb.resolve("zh") == "zho_Hans" and nllb.resolve("zho_Hant") == "zho_Hant"
+    assert nllb.resolve("Spanish") == "spa_Latn" and nllb.resolve(" deu ") == "deu_Latn"
+    names = {d["code"]: d["name"] for d in nllb.describe()}
+    assert names["deu_Latn"] == "German" and names["zho_Hant"] == "Chinese"
+
+
+def test_a_models_forced_bos_starts_generate_without_a_decoder_prompt(ckpt):
+    """generation_config.json's forced_bos_token_id (a one-to-many mBART: German) follows the
+    start token when a caller gives no decoder prompt, as in HF's generate."""
+    path = ckpt["mbart"]
+    tok = load_tokenizer(path)
+    ids = tok(CORPUS[0]).input_ids
+    with torch.no_grad():
+        hf = hf_model(path).generate(torch.tensor([ids]), max_new_tokens=7, do_sample=False,
+                                     num_beams=1, forced_eos_token_id=None)
+    assert hf[0, 1].item() == tok.convert_tokens_to_ids("de_DE")
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
+        out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 6,
+                                                              "temperature": 0})
+        assert out["output_ids"] == hf[0, 2:].tolist()
+        engine.check_integrity()

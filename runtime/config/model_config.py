@@ -22,6 +22,7 @@ class ModelConfig:
     generation_eos_ids: tuple[int, ...] = ()  # generation_config.json's eos_token_id, if any
     # generation_config.json's single-token bad_words_ids (OPUS-MT: its pad)
     generation_bad_ids: tuple[int, ...] = ()
+    generation_forced_bos: int | None = None  # generation_config.json's forced_bos_token_id
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -45,6 +46,7 @@ class ModelConfig:
             arch=model_cls.config_class.from_hf(hf),
             generation_eos_ids=_generation_eos(model_path),
             generation_bad_ids=_generation_bad_ids(model_path),
+            generation_forced_bos=_generation_config(model_path).get("forced_bos_token_id"),
         )
 
     @property
@@ -58,6 +60,14 @@ class ModelConfig:
         single-token bad_words_ids."""
         own = getattr(self.arch, "suppressed_token_ids", ())
         return tuple(sorted(set(own) | set(self.generation_bad_ids)))
+
+    @property
+    def forced_bos_token_id(self) -> int | None:
+        """The first token HF's generate forces when the caller gives no decoder prompt
+        (generation_config.json's, else config.json's)."""
+        if self.generation_forced_bos is not None:
+            return self.generation_forced_bos
+        return getattr(self.arch, "forced_bos_token_id", None)
 
     @property
     def is_encoder_decoder(self) -> bool:

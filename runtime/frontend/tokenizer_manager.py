@@ -138,7 +138,7 @@ class TokenizerManager:
                 sp.max_new_tokens = min(sp.max_new_tokens, cap)  # a default, not a request
             self._check_limits(sp)
             _check_beams(sp, obj)
-            enc, dec = self._token_ids(item)
+            enc, dec, forced = self._token_ids(item, obj.decoder_forced)
             spans = None
             if self.image_processor is not None:
                 spans = cross_spans(dec, self.info["image_token_id"],
@@ -150,7 +150,7 @@ class TokenizerManager:
                           top_logprobs_num=obj.top_logprobs_num,
                           encoder_key=self._encoder_key(enc) if enc else None,
                           encoder_inputs=images, cross_spans=spans, user=obj.user, group=group,
-                          decoder_forced=obj.decoder_forced)
+                          decoder_forced=forced)
             if sp.is_beam:  # one search, whose k results come back under k rids
                 k = sp.num_return_sequences
                 beam_rids = [f"{base_rid}-{i}" for i in range(k)] if k > 1 else None
@@ -231,7 +231,11 @@ class TokenizerManager:
             return self.info["max_encoder_len"], "max_encoder_len"
         return self.info["context_length"], "context_length"
 
-    def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
+    def _token_ids(self, item: dict[str, Any],
+                   forced: int = 0) -> tuple[list[int], list[int], int]:
+        """(encoder ids, decoder prompt, its forced tokens: TokenizedRequest.decoder_forced).
+        Without a decoder prompt, the model's forced_bos_token_id (if any) follows the start
+        token, as HF's generate forces it."""
         if "text" in item:
             ids = self._prompt_ids(item["text"])
         else:
@@ -239,12 +243,14 @@ class TokenizerManager:
         if not self.is_encoder_decoder:
             if item["decoder_input_ids"] is not None:
                 raise ValueError("decoder_input_ids is only for encoder-decoder models")
-            return [], ids
+            return [], ids, 0
         start = self.info["decoder_start_token_id"]
         dec = list(item["decoder_input_ids"] or [])
+        if item["decoder_input_ids"] is None and self.info.get("forced_bos_token_id") is not None:
+            dec, forced = [self.info["forced_bos_token_id"]], 1
         if not dec or dec[0] != start:
             dec = [start] + dec
-        return ids, dec
+        return ids, dec, forced
 
     def _check_limits(self, sp: SamplingParams) -> None:
         lim = self.limits
