@@ -14,6 +14,7 @@ import torch
 # random weights' scale: larger ones make these tiny models repeat one token
 SCALE = 0.6
 BIAS = 0.02
+PAD_BIAS = 2.5
 CORPUS = [
     "The house is wonderful.", "Where is the train station?",
     "I would like to buy a ticket to Paris, and then find a small hotel near the river.",
@@ -163,6 +164,9 @@ def write_bart_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForSeq2SeqLM.from_config(cfg).eval()
     _randomize(model, seed)
+    if family == "marian":  # pad (the decoder start) would often be the argmax: the trap
+        with torch.no_grad():
+            model.final_logits_bias[0, cfg.pad_token_id] = PAD_BIAS
     model.save_pretrained(str(out))
     gen = {"decoder_start_token_id": cfg.decoder_start_token_id, "pad_token_id": cfg.pad_token_id,
            "eos_token_id": cfg.eos_token_id, "max_length": 64}
