@@ -236,3 +236,34 @@ def test_a_models_forced_bos_starts_generate_without_a_decoder_prompt(ckpt):
                                                               "temperature": 0})
         assert out["output_ids"] == hf[0, 2:].tolist()
         engine.check_integrity()
+
+
+def test_checkpoint_problems_are_named(ckpt, tmp_path):
+    """A missing tensor is named as HF names it; an unknown one too; a config the model
+    cannot serve says why."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from seq2serve.models.bart.config import BartConfig
+    from seq2serve.models.loader import load_model
+
+    path = tmp_path / "mbart"
+    shutil.copytree(ckpt["mbart"], path)
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.decoder.layers.1.encoder_attn.k_proj.bias"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing.*model\.decoder\.layers\.1\.encoder_attn"
+                                         r"\.k_proj\.bias"):
+        load_model(ModelConfig.from_path(str(path)), "cpu", torch.float32)
+    tensors["model.decoder.layers.1.encoder_attn.k_proj.bias"] = torch.zeros(32)
+    tensors["model.decoder.layers.1.adapter.weight"] = torch.zeros(2)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected tensor 'model\.decoder\.layers\.1\.adapter"):
+        load_model(ModelConfig.from_path(str(path)), "cpu", torch.float32)
+    hf = json.loads((path / "config.json").read_text())
+    with pytest.raises(ValueError, match="separate source and target vocabularies"):
+        BartConfig.from_hf({**hf, "decoder_vocab_size": hf["vocab_size"] + 1})
+    with pytest.raises(ValueError, match="d_model 32 is not a multiple of decoder_attention"):
+        BartConfig.from_hf({**hf, "decoder_attention_heads": 3})

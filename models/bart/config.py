@@ -37,9 +37,8 @@ FAMILIES = {
 class BartConfig:
     model_type: str  # a key of FAMILIES
     family: Family
-    vocab_size: int  # the encoder's (and, shared, the decoder's) vocabulary
-    decoder_vocab_size: int  # the decoder's and the LM head's (Marian may separate them)
-    share_embeddings: bool  # one embedding for encoder and decoder
+    vocab_size: int  # the encoder's and the decoder's
+    share_embeddings: bool  # one embedding for encoder and decoder (Marian's flag)
     d_model: int
     encoder_layers: int
     decoder_layers: int
@@ -72,6 +71,10 @@ class BartConfig:
                                  f"{key} {cfg[key]}")
         share = bool(cfg.get("share_encoder_decoder_embeddings", True))
         vocab = _req(cfg, "vocab_size")
+        if cfg.get("decoder_vocab_size") not in (None, vocab):
+            raise ValueError(f"config.json: decoder_vocab_size {cfg['decoder_vocab_size']} "
+                             f"differs from vocab_size {vocab}; separate source and target "
+                             f"vocabularies are not supported")
         pad = cfg.get("pad_token_id")
         if pad is None:
             raise ValueError("config.json is missing 'pad_token_id'")
@@ -82,7 +85,6 @@ class BartConfig:
             model_type=model_type,
             family=FAMILIES[model_type],
             vocab_size=vocab,
-            decoder_vocab_size=vocab if share else (cfg.get("decoder_vocab_size") or vocab),
             share_embeddings=share,
             d_model=d_model,
             encoder_layers=_req(cfg, "encoder_layers"),

@@ -118,7 +118,7 @@ class BartForConditionalGeneration(nn.Module):
         self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0
         self.shared = _embedding(cfg.vocab_size, d)  # the encoder's, and shared the decoder's
         self.decoder_embed = (None if cfg.decoder_shares_embedding
-                              else _embedding(cfg.decoder_vocab_size, d))
+                              else _embedding(cfg.vocab_size, d))
         self.encoder_positions = PositionTable(fam.positions, cfg.max_position_embeddings, d,
                                                cfg.pad_token_id)
         self.decoder_positions = PositionTable(fam.positions, cfg.max_position_embeddings, d,
@@ -131,8 +131,8 @@ class BartForConditionalGeneration(nn.Module):
                                             for i in range(cfg.decoder_layers))
         self.encoder_norm = LayerNorm(d) if fam.final_norm else None
         self.decoder_norm = LayerNorm(d) if fam.final_norm else None
-        self.lm_head = Linear(d, cfg.decoder_vocab_size)
-        self.final_logits_bias = (nn.Parameter(torch.empty(1, cfg.decoder_vocab_size),
+        self.lm_head = Linear(d, cfg.vocab_size)
+        self.final_logits_bias = (nn.Parameter(torch.empty(1, cfg.vocab_size),
                                                requires_grad=False)
                                   if fam.logits_bias else None)
 
