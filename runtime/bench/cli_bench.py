@@ -60,7 +60,8 @@ def _requests(model_dir: str, args, n: int):
     image_token = getattr(mc.arch, "image_token_id", None)
     wl = Workload(n, args.input_len, args.output_len,
                   image_size=args.image_size if image_token is not None else 0)
-    return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token)
+    eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1
+    return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token, eos=eos)
 
 
 def _engine(model_dir: str, load: dict, args, concurrency: int):
