@@ -114,6 +114,39 @@ def test_beams_match_hf_mixed_with_greedy_and_sampled_requests(beam_t5):
         assert got[f"greedy{c}"][0] == run_to_completion(alone)["g"]
 
 
+def test_beam_steps_run_a_step_ahead_of_the_host(beam_t5):
+    """Past its first step a beam group's beams are chosen on the device, so the next step is
+    launched before the host has read this one (the overlap schedule): the same hypotheses
+    and scores as HF, and as the schedule without overlap, with a page size that makes the
+    rows copy last pages and cross page boundaries."""
+    tok = load_tokenizer(beam_t5)
+    sources = [tok(s).input_ids for s in SOURCES[:3]]
+    expected, results = {}, []
+    for overlap in (True, False):
+        sched = make_scheduler(beam_t5, page_size=3, disable_overlap_schedule=not overlap)
+        for c, case in enumerate(CASES[:3]):  # no n-gram bans or penalties: overlappable
+            for s, ids in enumerate(sources):
+                sched.add_request(beam_request(f"c{c}s{s}", ids, *case))
+                if overlap:
+                    expected[f"c{c}s{s}"] = hf_beams(beam_t5, ids, *case)
+            sched.add_request(request(f"sampled{c}", sources[c], max_new_tokens=MAX_NEW,
+                                      temperature=0.8, seed=c))
+        ahead, got = 0, {}
+        while sched.has_work:
+            for o in sched.step():
+                got[o.rid] = (o.new_token_ids, o.extra.get("beam_score"))
+            ahead += sched.in_flight is not None and bool(sched.in_flight.batch.beam_groups)
+            sched.check_integrity()
+        assert (ahead > 0) == overlap, ahead
+        results.append(got)
+    assert results[0] == results[1]
+    for rid, hyps in expected.items():
+        for i, (tokens, score) in enumerate(hyps):
+            r = rid if i == 0 else f"{rid}-{i}"
+            assert results[0][r][0] == tokens, r
+            assert results[0][r][1] == pytest.approx(score, abs=1e-4), r
+
+
 def _strip(tokens: list[int], stops) -> list[int]:
     """A hypothesis as HF pads it, cut after its first stop token."""
     end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens) - 1)

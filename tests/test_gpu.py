@@ -229,3 +229,44 @@ def test_beam_search_matches_hf_with_graphs_in_float32_and_bfloat16(t5_checkpoin
                 assert got[r][1]["beam_score"] == pytest.approx(score, abs=1e-3), r
     graphs, eager = beams(dtype="bfloat16"), beams(dtype="bfloat16", disable_cuda_graph=True)
     assert {r: v[0] for r, v in graphs.items()} == {r: v[0] for r, v in eager.items()}
+
+
+def test_beam_steps_ahead_of_the_host_on_the_gpu(t5_checkpoints):
+    """Groups past their first step choose their beams and move their pages on the device,
+    a step ahead of the host (the overlap schedule; no n-gram bans or penalties here, which
+    would turn it off): HF's hypotheses in float32, and in bf16 the same tokens as without
+    the overlap schedule, graphs on."""
+    from seq2serve.tests.test_beam_search import CASES, beam_request, hf_beams
+
+    path = t5_checkpoints["t5_relu_untied"]
+    tok = load_tokenizer(path)
+    sources = [tok(s).input_ids for s in SOURCES[:3]]
+
+    def beams(**kwargs):
+        sched = make_scheduler(path, device="cuda", attention_backend="triton", page_size=4,
+                               **kwargs)
+        for c, case in enumerate(CASES[:3]):
+            for s, ids in enumerate(sources):
+                sched.add_request(beam_request(f"c{c}s{s}", ids, *case))
+            sched.add_request(request(f"g{c}", sources[c], max_new_tokens=10))
+        ahead, got = 0, {}
+        while sched.has_work:
+            for o in sched.step():
+                got[o.rid] = (o.new_token_ids, o.extra.get("beam_score"))
+            ahead += sched.in_flight is not None and bool(sched.in_flight.batch.beam_groups)
+            sched.check_integrity()
+        return got, ahead
+
+    got, ahead = beams(dtype="float32")
+    assert ahead > 0
+    for c, case in enumerate(CASES[:3]):
+        for s, ids in enumerate(sources):
+            hyps = hf_beams(path, ids, *case)
+            rids = [f"c{c}s{s}"] + [f"c{c}s{s}-{i}" for i in range(1, len(hyps))]
+            for r, (tokens, score) in zip(rids, hyps):
+                assert got[r][0] == tokens, r
+                assert got[r][1] == pytest.approx(score, abs=1e-3), r
+    (ahead_bf16, n), (sync, _) = (beams(dtype="bfloat16"),
+                                  beams(dtype="bfloat16", disable_overlap_schedule=True))
+    assert n > 0
+    assert {r: v[0] for r, v in ahead_bf16.items()} == {r: v[0] for r, v in sync.items()}

@@ -12,6 +12,7 @@ from seq2serve.models.loader import load_model
 from seq2serve.runtime.attention import create_backend
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.executor.beam_step import move_pages
 from seq2serve.runtime.executor.sampler import Sampler, StepOutput
 from seq2serve.runtime.executor.worker_batch import (
     DecoderBatch,
@@ -157,5 +158,8 @@ class ModelRunner:
             out = StepOutput(greedy if greedy is not None else self.sampler.greedy(logits))
         else:
             out = self.sampler(logits, b.sampling)
+            if b.sampling.beam_moves is not None:  # the beams the device chose continue
+                move_pages(self.req_to_token_pool.req_to_token, self.token_to_kv_pool,
+                           b.sampling.beam_moves, out.beam_parents)
         out.logits, out.started = logits, started
         return out

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from seq2serve.runtime.executor.beam_step import choose_beams
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 
 _M32 = 0xFFFFFFFF
@@ -28,6 +29,10 @@ class StepOutput:
     # beam search: each group's best candidates, groups in the batch's bucket order
     beam_values: torch.Tensor | None = None  # [sum of keeps] float32 accumulated log-probs
     beam_ids: torch.Tensor | None = None  # [sum of keeps] int64: row in group * vocab + token
+    # ... and, for groups past their first step, the running beams the device chose (the
+    # rows' tokens are in next_token_ids): each beam row's parent row and running score
+    beam_parents: torch.Tensor | None = None  # [beam rows] int64, batch rows
+    beam_running_scores: torch.Tensor | None = None  # [beam rows] float32, stays on the device
     # the sampled rows' logits [B, vocab], as computed (a CUDA graph's are its output buffer:
     # valid until the next forward)
     logits: torch.Tensor | None = field(default=None, repr=False)
@@ -36,6 +41,7 @@ class StepOutput:
     token_logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
     beam_candidates: tuple[list[float], list[int]] | None = None
+    beam_parent_rows: list[int] | None = None
     device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
     _host: tuple = field(default=(), repr=False)
     _event: torch.cuda.Event | None = field(default=None, repr=False)
@@ -43,7 +49,7 @@ class StepOutput:
 
     def _tensors(self) -> tuple:
         return (self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs,
-                self.beam_values, self.beam_ids)
+                self.beam_values, self.beam_ids, self.beam_parents)
 
     def copy_to_host(self) -> StepOutput:
         """Queue the copy. With a `started` event (the model runner records one just before
@@ -69,7 +75,8 @@ class StepOutput:
             self._event.synchronize()
             if self.started is not None:
                 self.device_seconds = self.started.elapsed_time(self._event) / 1e3
-        ids, logprobs, top_ids, top_vals, beam_values, beam_ids = self._host or self._tensors()
+        ids, logprobs, top_ids, top_vals, beam_values, beam_ids, parents = (self._host or
+                                                                              self._tensors())
         self.token_ids = ids.tolist()
         if logprobs is not None:
             self.token_logprobs = logprobs.tolist()
@@ -77,6 +84,8 @@ class StepOutput:
             self.top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
         if beam_values is not None:
             self.beam_candidates = beam_values.tolist(), beam_ids.tolist()
+        if parents is not None:
+            self.beam_parent_rows = parents.tolist()
         return self
 
 
@@ -117,6 +126,10 @@ class Sampler:
         out = StepOutput(next_token_ids=self._sample(logits, sb))
         if sb.beam_rows:
             out.beam_values, out.beam_ids = _beam_candidates(logits, sb)
+            if sb.beam_moves is not None:
+                out.beam_parents, out.beam_running_scores = choose_beams(
+                    out.beam_values, out.beam_ids, sb.beam_buckets, sb.beam_moves,
+                    logits.shape[-1], out.next_token_ids)
         if sb.want_logprobs:
             logprobs = torch.log_softmax(logits, dim=-1)
             out.logprobs = logprobs.gather(1, out.next_token_ids[:, None]).squeeze(1)

@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.executor.beam_step import BeamMoves
 
 
 class SamplingRow(Protocol):
@@ -49,14 +50,18 @@ class SamplingBatch:
     beam_rows: int = 0
     beam_scores: torch.Tensor | None = None  # [beam_rows, 1] float32
     beam_buckets: tuple[tuple[int, int, int], ...] = ()  # (groups, rows per group, keep)
+    # groups past their first step: the device chooses their beams and moves their pages
+    beam_moves: BeamMoves | None = None
 
     @classmethod
-    def beam_layout(cls, scores: list[float], buckets: list[tuple[int, int, int]],
-                    device: str) -> dict:
-        """The beam fields, to pass to `from_reqs(beams=...)`."""
-        return {"beam_rows": len(scores),
-                "beam_scores": torch.tensor(scores, dtype=torch.float32).view(-1, 1).to(device),
-                "beam_buckets": tuple(buckets)}
+    def beam_layout(cls, scores: list[float] | torch.Tensor, buckets: list[tuple[int, int, int]],
+                    device: str, moves: BeamMoves | None = None) -> dict:
+        """The beam fields, to pass to `from_reqs(beams=...)`. `scores`: the rows' running
+        scores, from the host's books or (a step ahead of them) the device's last choice."""
+        if not isinstance(scores, torch.Tensor):
+            scores = torch.tensor(scores, dtype=torch.float32).to(device)
+        return {"beam_rows": scores.numel(), "beam_scores": scores.view(-1, 1),
+                "beam_buckets": tuple(buckets), "beam_moves": moves}
 
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],

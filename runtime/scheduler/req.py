@@ -74,8 +74,9 @@ class Req:
         sp = self.sampling_params
         # fixed for the request's life; the scheduler checks them every step. Penalties, n-gram
         # bans and beam search read every generated token: no step can run ahead of the host
-        self.reads_history = sp.has_penalties or sp.no_repeat_ngram_size > 0 or sp.is_beam
-        self.plain_greedy = sp.is_greedy and not self.reads_history and not self.return_logprob
+        self.reads_history = sp.has_penalties or sp.no_repeat_ngram_size > 0
+        self.plain_greedy = (sp.is_greedy and not sp.is_beam and not self.reads_history
+                             and not self.return_logprob)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -195,6 +195,27 @@ class RequestMemory:
         group.peak_pages = max(group.peak_pages, pre + len(kept))
         return True
 
+    def follow_beams(self, group: BeamGroup, choices: list[tuple[int, int]], length: int) -> None:
+        """The books of a beam step the device has already made (`move_pages`, for a group past
+        its first step, `length` decoder positions written): row j continues row
+        `choices[j][0]`'s full pages and keeps its own last pages (the one it was given a
+        copy in, and any the next step's launch has added). Pages no row holds any more are
+        freed; nothing is allocated."""
+        old = group.rows
+        if all(p == j for j, (p, _) in enumerate(choices)):  # every beam ran on in its row
+            for row, (_, token) in zip(old, choices):
+                row.output_ids.append(token)
+            return
+        full, pre = length // self.page_size, old[0].prefix_pages
+        pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
+        kept = {pg for own in pages for pg in own[pre:]}
+        self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
+                                               - kept))
+        outputs = [old[p].output_ids + [token] for p, token in choices]
+        for row, own, out in zip(old, pages, outputs):
+            row.kv_pages, row.output_ids = own, out
+        group.peak_pages = max(group.peak_pages, pre + len(kept))
+
     def release_beams(self, group: BeamGroup, keep_cross: bool = False) -> None:
         """Free everything a beam group holds (its rows' shared pages once)."""
         head = group.rows[0]

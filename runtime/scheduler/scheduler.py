@@ -24,6 +24,7 @@ from seq2serve.encoders.encoder_stage import EncoderStage
 from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.worker import ModelWorker
@@ -251,15 +252,9 @@ class Scheduler:
                     if len(r.output_ids) + 1 < r.sampling_params.max_new_tokens]
             ps = self.memory.page_size
             need = sum(1 for r in reqs if r.kv_len == len(r.kv_pages) * ps)  # page boundary
-            if reqs:
-                where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
-                order = [where.get(id(r), -1) for r in reqs]
-            if reqs and -1 not in order and self.memory.make_room(need):
-                ids = prev.pending.next_token_ids
-                if order != list(range(len(prev.batch.reqs))):
-                    ids = ids[torch.tensor(order, device=ids.device)]
-                self.in_flight = self._launch(ForwardMode.DECODE, reqs, input_ids=ids,
-                                              pending=1)
+            in_prev = {id(r) for r in prev.batch.reqs}
+            if reqs and all(id(r) in in_prev for r in reqs) and self.memory.make_room(need):
+                self.in_flight = self._launch(ForwardMode.DECODE, reqs, prev=prev)
                 return self._resolve(prev)
         outputs = self._flush()
         if not self.running:
@@ -274,9 +269,11 @@ class Scheduler:
 
     @staticmethod
     def _overlappable(reqs: list[Req]) -> bool:
-        # penalties, n-gram bans and beams read every generated token: they cannot run a step
-        # behind the device
-        return not any(r.reads_history for r in reqs)
+        # penalties and n-gram bans read every generated token, and a beam group's first step
+        # spawns its rows on the host: they cannot run a step behind the device (a beam group
+        # past its first step can: the device chooses its beams, beam_step.py)
+        return not any(r.reads_history or (r.beam is not None and len(r.beam.rows) == 1)
+                       for r in reqs)
 
     def _flush(self) -> list[TokenOutput]:
         """Read back and process the step still in flight, if any."""
@@ -349,13 +346,29 @@ class Scheduler:
     def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
         return self._resolve(self._launch(mode, reqs))
 
-    def _launch(self, mode: ForwardMode, reqs: list[Req], input_ids: torch.Tensor | None = None,
-                pending: int = 0) -> _InFlight:
-        sampling = None  # plain greedy for all: the argmax, nothing to build
-        groups, beams = self._beam_layout(reqs)
+    def _launch(self, mode: ForwardMode, reqs: list[Req],
+                prev: _InFlight | None = None) -> _InFlight:
+        """Build and launch a batch. With `prev` (the overlap schedule: every request of the
+        batch was in `prev`, whose outputs the host has not read), the step's input tokens, and
+        its beams' running scores, are `prev`'s outputs on the device."""
+        pending = 0 if prev is None else 1
+        groups = sorted({id(r.beam): r.beam for r in reqs if r.beam is not None}.values(),
+                        key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes keep order
         if groups:  # the beam rows first, group by group (the sampler reads them as one block)
             reqs = [r for g in groups for r in g.rows] + [r for r in reqs if r.beam is None]
+        input_ids = order = None
+        if prev is not None:
+            where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
+            order = [where[id(r)] for r in reqs]
+            input_ids = prev.pending.next_token_ids
+            if order != list(range(len(prev.batch.reqs))):
+                order = torch.tensor(order, device=input_ids.device)
+                input_ids = input_ids[order]
+            else:
+                order = None
+        sampling = None  # plain greedy for all: the argmax, nothing to build
         if not all(_plain_greedy(r, pending) for r in reqs):
+            beams = self._beam_layout(groups, mode, prev, order) if groups else None
             sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
                                                self.device, pending=pending, beams=beams)
         if mode is ForwardMode.DECODE:
@@ -367,21 +380,50 @@ class Scheduler:
         self._count(mode.value, batch.batch_size)
         return _InFlight(batch, self.worker.launch(batch.worker_batch))
 
-    def _beam_layout(self, reqs: list[Req]) -> tuple[list[BeamGroup], dict | None]:
-        """The batch's beam groups, bucketed by shape (rows, keep), and the sampler's layout."""
-        groups = list({id(r.beam): r.beam for r in reqs if r.beam is not None}.values())
-        if not groups:
-            return [], None
-        groups.sort(key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes stay in order
-        scores, buckets = [], []
+    def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: _InFlight | None,
+                     order: torch.Tensor | None) -> dict:
+        """The sampler's beam fields: the buckets of equally shaped groups (in `groups`' order),
+        the rows' running scores (the host's, or those `prev` left on the device), and, in a
+        decode step, what the device needs to choose the beams of groups past their first
+        step and move their pages (`BeamMoves`)."""
+        buckets: list[tuple[int, int, int]] = []
         for g in groups:
-            scores += g.scores
             shape = (len(g.rows), g.keep)
             if buckets and buckets[-1][1:] == shape:
                 buckets[-1] = (buckets[-1][0] + 1, *shape)
             else:
                 buckets.append((1, *shape))
-        return groups, SamplingBatch.beam_layout(scores, buckets, self.device)
+        rows = sum(len(g.rows) for g in groups)
+        if prev is not None:
+            scores = prev.pending.beam_running_scores
+            scores = scores[order[:rows]] if order is not None else scores[:rows]
+        else:
+            scores = [s for g in groups for s in g.scores]
+        moves = None
+        if mode is ForwardMode.DECODE and any(len(g.rows) > 1 for g in groups):
+            moves = self._beam_moves(groups, 0 if prev is None else 1)
+        return SamplingBatch.beam_layout(scores, buckets, self.device, moves)
+
+    def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
+        ps = self.memory.page_size
+        width = max(len(g.stop_ids) for g in groups)
+        stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
+                                 for g in groups], dtype=torch.int64).view(len(groups), width)
+        all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
+                   .max_new_tokens for g in groups]
+        table_rows, shared_end, copy_len = [], [], []
+        for g in groups:
+            steady = len(g.rows) > 1
+            for r in g.rows:
+                length = r.kv_len + 1 if steady else 0  # positions written after this step
+                table_rows.append(r.req_pool_idx)
+                shared_end.append(length - length % ps)
+                copy_len.append(length % ps)
+        rows = torch.tensor([table_rows, shared_end, copy_len], dtype=torch.int64)
+        rows = rows.to(self.device, non_blocking=True)
+        return BeamMoves(stop_ids.to(self.device, non_blocking=True),
+                         torch.tensor(all_end).to(self.device, non_blocking=True),
+                         rows[0], rows[1], rows[2], max(1, max(copy_len)))
 
     def _resolve(self, f: _InFlight) -> list[TokenOutput]:
         start = time.perf_counter()
@@ -430,11 +472,14 @@ class Scheduler:
 
     def _beam_steps(self, groups: list[BeamGroup], result: StepOutput,
                     now: float) -> list[TokenOutput]:
-        """Advance every beam group of the batch; reorder the running ones' rows together."""
+        """Advance every beam group of the batch by HF's rules. Groups past their first step
+        were moved on the device already (the same choices: checked), the host follows in its
+        books; groups at their first step get their rows here, together."""
         values, flat_ids = result.beam_candidates
-        outputs, steps, start = [], [], 0
+        parents = result.beam_parent_rows
+        outputs, first_steps, start, row = [], [], 0, 0
         for g in groups:
-            end, head = start + g.keep, g.rows[0]
+            end, head, n = start + g.keep, g.rows[0], len(g.rows)
             if not head.finished:
                 if head.first_token_time is None:
                     head.first_token_time = now
@@ -442,14 +487,19 @@ class Scheduler:
                                     self.model_config.vocab_size)
                 if g.done:
                     outputs += self._finish_beams(g, now)
+                elif n == 1:
+                    first_steps.append((g, choices))
                 else:
-                    steps.append((g, choices, len(g.rows) == 1))
-            start = end
-        failed = self.memory.reorder_beams([(g, choices) for g, choices, _ in steps])
-        for g, _, first in steps:
+                    if parents[row:row + n] != [row + p for p, _ in choices]:
+                        raise AssertionError(f"beam request {head.rid}: the device chose other "
+                                             f"beams than the host's rules")
+                    self.memory.follow_beams(g, choices, len(head.fill_ids))
+            start, row = end, row + n
+        failed = self.memory.reorder_beams(first_steps)
+        for g, _ in first_steps:
             if g in failed:
                 self._retract(g.rows[0])  # no room to copy the pages the beams now write
-            elif first:  # (the head joins the running batch with the other admitted requests)
+            else:  # (the head joins the running batch with the other admitted requests)
                 self.running += g.rows[1:]
         return outputs
 
