@@ -111,13 +111,13 @@ class Sampler:
         return logits.index_fill(-1, self.suppressed, float("-inf")).argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
-        logits = logits.float()
+        model_logits, logits = logits, logits.float()
         if sb.beam_rows:  # HF's beam search: the processors act on log-probs
             r = sb.beam_rows
             head = torch.log_softmax(logits[:r], dim=-1)
             logits = torch.cat([head, logits[r:]]) if r < logits.shape[0] else head
-        elif logits.dtype == torch.float32 and self.suppressed is not None:
-            logits = logits.clone()  # .float() of float32 logits is the model's own tensor
+        elif logits is model_logits and self.suppressed is not None:
+            logits = logits.clone()  # the step output keeps the model's logits as they were
         self.suppress(logits)
         if sb.penalty_ids is not None:
             logits = _apply_penalties(logits, sb)
