@@ -77,7 +77,9 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
     source: dict[tuple[str, int | None], str] = {}
     for path in files:
         with safe_open(path, framework="pt", device="cpu") as f:
-            names = list(f.keys())
+            # a model may need some tensors loaded before others (a fallback the more
+            # specific tensors overwrite)
+            names = sorted(f.keys(), key=getattr(model, "load_priority", lambda _: 0))
             for name in tqdm(names, desc=f"Loading {os.path.basename(path)}", unit="tensor",
                              leave=False, disable=None):
                 targets = model.weight_map(name)

@@ -13,10 +13,11 @@ from seq2serve.runtime.kernels.activations import torch_activation
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, activation: str) -> None:
+    def __init__(self, hidden: int, intermediate: int, activation: str,
+                 bias: bool = False) -> None:
         super().__init__()
-        self.up = Linear(hidden, intermediate)
-        self.down = Linear(intermediate, hidden)
+        self.up = Linear(hidden, intermediate, bias)
+        self.down = Linear(intermediate, hidden, bias)
         self.act = torch_activation(activation)
 
     @property

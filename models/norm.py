@@ -1,5 +1,6 @@
-"""RMS layer norm (T5's "LayerNorm" and Llama's RMSNorm): no mean, no bias, variance in float32.
-The arithmetic and its rounding are models/ops.py's `rms_norm`."""
+"""RMS layer norm (T5's "LayerNorm" and Llama's RMSNorm): no mean, no bias, variance in float32;
+and the real LayerNorm (mean and bias) of the BART family. The arithmetic and its rounding are
+models/ops.py's."""
 
 from __future__ import annotations
 
@@ -22,3 +23,18 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         return self.ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a mean and a bias (Marian, M2M100/NLLB, mBART)."""
+
+    ops: TorchOps = REFERENCE  # the model's, set at load (ops.use_ops)
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.layer_norm(x, self.weight, self.bias, self.eps)

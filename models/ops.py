@@ -42,6 +42,12 @@ class TorchOps:
         variance = x.float().pow(2).mean(-1, keepdim=True)
         return weight * (x.float() * torch.rsqrt(variance + eps)).to(weight.dtype)
 
+    def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+        """LayerNorm with mean and bias (the BART family's); PyTorch's kernel on every
+        device."""
+        return F.layer_norm(x, weight.shape, weight, bias, eps)
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, weight, bias)

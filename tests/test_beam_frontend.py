@@ -184,6 +184,8 @@ def test_beam_size_and_num_beams_are_one_option():
 class _Recorder:
     """A TokenizerManager that records what it is asked and answers one result per prompt."""
 
+    languages = None  # the TokenizerManager's for a model with a prompt template (T5)
+
     def __init__(self) -> None:
         self.asked: list[GenerateReqInput] = []
 

@@ -270,3 +270,33 @@ def test_beam_steps_ahead_of_the_host_on_the_gpu(t5_checkpoints):
                                   beams(dtype="bfloat16", disable_overlap_schedule=True))
     assert n > 0
     assert {r: v[0] for r, v in ahead_bf16.items()} == {r: v[0] for r, v in sync.items()}
+
+
+@pytest.mark.parametrize("family", ["marian", "nllb", "mbart"])
+def test_bart_family_matches_hf_with_graphs_in_float32(tmp_path, family):
+    """The BART family on the Triton backend with CUDA graphs (biased GEMV / skinny GEMM,
+    LayerNorm, absolute positions in the graphs), batched and one at a time, against HF with
+    the target language forced."""
+    from seq2serve.runtime.config.model_config import ModelConfig
+    from seq2serve.tests.bart_checkpoints import write_bart_checkpoint
+    from seq2serve.tests.test_bart_models import LANGS, SOURCES, hf_generate, hf_source_and_forced
+
+    path = str(write_bart_checkpoint(family, tmp_path / family))
+    source, target = LANGS[family]
+    start = ModelConfig.from_path(path).arch.decoder_start_token_id
+    inputs = [hf_source_and_forced(path, family, s, source, target) for s in SOURCES]
+    expected = {}
+    for i, (ids, forced) in enumerate(inputs):
+        out, drop = hf_generate(path, ids, forced, 10, num_beams=1)
+        expected[str(i)] = out[0, drop:].tolist()
+    for batched in (True, False):
+        sched = make_scheduler(path, device="cuda", dtype="float32", attention_backend="triton")
+        got = {}
+        for i, (ids, forced) in enumerate(inputs):
+            prompt = [start] + ([] if forced is None else [forced])
+            sched.add_request(request(str(i), ids, prompt, max_new_tokens=10))
+            if not batched:
+                got.update(run_to_completion(sched))
+        got.update(run_to_completion(sched))
+        assert sched.worker.model_runner.graph_runner is not None
+        assert got == expected, f"batched={batched}"

@@ -71,10 +71,16 @@ def _greedy(path: str, ops: TorchOps | None, prompts: list[tuple[list[int], list
     return {**out, **run_to_completion(sched)}  # batch 1: the GEMVs
 
 
-@pytest.mark.parametrize("family", ["t5", "llama"])
+@pytest.mark.parametrize("family", ["t5", "llama", "marian"])
 def test_triton_ops_decode_as_the_reference(t5_dir, tmp_path, family):
     if family == "t5":
         path, prompts = t5_dir, [([5, 6, 7, 8], [0]), ([9, 10, 11], [0, 4])]
+    elif family == "marian":  # biased linears (GEMV and skinny GEMM), LayerNorm, post-norm
+        from seq2serve.tests.bart_checkpoints import write_bart_checkpoint
+
+        path = str(write_bart_checkpoint("marian", tmp_path / "marian"))
+        pad = ModelConfig.from_path(path).arch.pad_token_id
+        prompts = [([5, 6, 7, 8, 0], [pad]), ([9, 10, 11, 0], [pad, 4])]
     else:
         from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
 

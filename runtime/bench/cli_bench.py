@@ -20,7 +20,8 @@ def add_bench_parser(sub) -> None:
     for name, fn, doc in (("offline", _offline, "throughput of many requests"),
                           ("one-batch", _one_batch, "latency of one batch")):
         p = sub.add_parser(name, help=doc)
-        p.add_argument("--shape", help="a real model shape with random weights (mt5-large, ...)")
+        p.add_argument("--shape", help="a real model shape with random weights (mt5-large, "
+                       "nllb-200-distilled-600m, opus-mt, ...)")
         p.add_argument("--model-path", help="or a model directory (real weights)")
         p.add_argument("--num-requests", type=int, default=1024)
         p.add_argument("--input-len", type=int, default=128)
@@ -71,7 +72,8 @@ def _requests(model_dir: str, args, n: int):
     image_token = getattr(mc.arch, "image_token_id", None)
     wl = Workload(n, args.input_len, args.output_len,
                   image_size=args.image_size if image_token is not None else 0)
-    return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token)
+    eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1
+    return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token, eos=eos)
 
 
 def _engine(model_dir: str, load: dict, args, concurrency: int):

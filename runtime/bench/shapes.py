@@ -1,5 +1,7 @@
 """Model directories of real shapes (config, tokenizer, image processor: no weights) for
-benchmarks, served with load_format="dummy" (random weights)."""
+benchmarks, served with load_format="dummy" (random weights). The translation shapes (NLLB,
+OPUS-MT) get T5's tokenizer: benchmarks send token ids, and every id it makes is in their
+vocabularies."""
 
 from __future__ import annotations
 
@@ -26,6 +28,23 @@ SHAPES: dict[str, dict] = {
     "flan-t5-xl": {**_T5, "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
                    "vocab_size": 32128, "d_model": 2048, "d_ff": 5120, "num_heads": 32,
                    "num_layers": 24, "num_decoder_layers": 24},
+    # facebook/nllb-200-distilled-600M (M2M100 architecture)
+    "nllb-200-distilled-600m": {
+        "architectures": ["M2M100ForConditionalGeneration"], "model_type": "m2m_100",
+        "vocab_size": 256206, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
+        "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+        "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "activation_function": "relu",
+        "max_position_embeddings": 1024, "scale_embedding": True, "tie_word_embeddings": True,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2},
+    # Helsinki-NLP/opus-mt-en-de (Marian)
+    "opus-mt": {
+        "architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": 58101,
+        "decoder_vocab_size": 58101, "d_model": 512, "encoder_layers": 6, "decoder_layers": 6,
+        "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_ffn_dim": 2048,
+        "decoder_ffn_dim": 2048, "activation_function": "swish", "max_position_embeddings": 512,
+        "scale_embedding": True, "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": True, "pad_token_id": 58100, "eos_token_id": 0,
+        "decoder_start_token_id": 58100, "forced_eos_token_id": 0},
     "llama-3.2-1b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
         "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,

@@ -25,13 +25,14 @@ class BenchRequest:
 
 
 def make_requests(wl: Workload, vocab_size: int, is_encoder_decoder: bool,
-                  image_token_id: int | None = None, bos: int = 128000) -> list[BenchRequest]:
+                  image_token_id: int | None = None, bos: int = 128000,
+                  eos: int = 1) -> list[BenchRequest]:
     rng = random.Random(wl.seed)
     reqs = []
     for i in range(wl.num_requests):
-        if is_encoder_decoder:  # a source ending with T5's EOS
+        if is_encoder_decoder:  # a source ending with the model's EOS (T5's: 1)
             ids = [rng.randrange(3, min(vocab_size, 32000)) for _ in range(wl.input_len - 1)]
-            reqs.append(BenchRequest(ids + [1]))
+            reqs.append(BenchRequest(ids + [eos]))
         elif image_token_id is not None:
             ids = [rng.randrange(1000, 100000) for _ in range(wl.input_len - 2)]
             reqs.append(BenchRequest([image_token_id, bos] + ids, image=random_image(

@@ -20,6 +20,9 @@ class ModelConfig:
     checkpoint_dtype: str  # "float32" | "bfloat16" | "float16"
     arch: Any  # the family's frozen config (e.g. models.mt5.config.T5Config)
     generation_eos_ids: tuple[int, ...] = ()  # generation_config.json's eos_token_id, if any
+    # generation_config.json's single-token bad_words_ids (OPUS-MT: its pad)
+    generation_bad_ids: tuple[int, ...] = ()
+    generation_forced_bos: int | None = None  # generation_config.json's forced_bos_token_id
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -42,12 +45,29 @@ class ModelConfig:
             checkpoint_dtype=_DTYPE_NAMES.get(str(dtype), "float32"),
             arch=model_cls.config_class.from_hf(hf),
             generation_eos_ids=_generation_eos(model_path),
+            generation_bad_ids=_generation_bad_ids(model_path),
+            generation_forced_bos=_generation_config(model_path).get("forced_bos_token_id"),
         )
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """Every token that ends generation: config.json's and generation_config.json's."""
         return tuple(sorted(set(self.arch.eos_token_ids) | set(self.generation_eos_ids)))
+
+    @property
+    def suppressed_token_ids(self) -> tuple[int, ...]:
+        """Tokens never generated: the model's own (Marian's pad) and generation_config.json's
+        single-token bad_words_ids."""
+        own = getattr(self.arch, "suppressed_token_ids", ())
+        return tuple(sorted(set(own) | set(self.generation_bad_ids)))
+
+    @property
+    def forced_bos_token_id(self) -> int | None:
+        """The first token HF's generate forces when the caller gives no decoder prompt
+        (generation_config.json's, else config.json's)."""
+        if self.generation_forced_bos is not None:
+            return self.generation_forced_bos
+        return getattr(self.arch, "forced_bos_token_id", None)
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -58,12 +78,21 @@ class ModelConfig:
         return self.arch.vocab_size
 
 
-def _generation_eos(model_path: str) -> tuple[int, ...]:
+def _generation_config(model_path: str) -> dict:
     path = os.path.join(model_path, "generation_config.json")
     if not os.path.isfile(path):
-        return ()
+        return {}
     with open(path) as f:
-        eos = json.load(f).get("eos_token_id")
+        return json.load(f)
+
+
+def _generation_bad_ids(model_path: str) -> tuple[int, ...]:
+    bad = _generation_config(model_path).get("bad_words_ids") or []
+    return tuple(int(w[0]) for w in bad if isinstance(w, list) and len(w) == 1)
+
+
+def _generation_eos(model_path: str) -> tuple[int, ...]:
+    eos = _generation_config(model_path).get("eos_token_id")
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (eos,)

@@ -103,7 +103,7 @@ class CudaGraphRunner:
             fb.out_cache_loc.int()
         hidden = r.model(fb.input_ids, fb.positions, fb)
         logits = r.model.compute_logits(hidden)
-        return logits, logits.argmax(dim=-1)
+        return logits, r.sampler.greedy(logits)
 
     @torch.inference_mode()
     def _capture(self) -> None:

@@ -52,7 +52,7 @@ class ModelRunner:
         self._init_pools()
         self.backend_name = args.resolved_attention_backend(self.device)
         self.attn_backend = create_backend(self.backend_name, device=self.device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(model_config.suppressed_token_ids, self.device)
         # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
         self.model_optional_inputs = frozenset(getattr(self.model, "optional_inputs", ()))
         if self.device.startswith("cuda") and model_config.arch.is_encoder_decoder:
@@ -155,7 +155,7 @@ class ModelRunner:
                 started: torch.cuda.Event | None = None) -> StepOutput:
         """b.sampling None means plain greedy for every request: the argmax is the answer."""
         if b.sampling is None:
-            out = StepOutput(greedy if greedy is not None else logits.argmax(dim=-1))
+            out = StepOutput(greedy if greedy is not None else self.sampler.greedy(logits))
         else:
             out = self.sampler(logits, b.sampling)
             if b.sampling.beam_moves is not None:  # the beams the device chose continue

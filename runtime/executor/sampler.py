@@ -90,12 +90,35 @@ class StepOutput:
 
 
 class Sampler:
+    """`suppressed`: tokens the model never generates (Marian's pad, generation_config.json's
+    single-token bad_words_ids), banned as HF's NoBadWordsLogitsProcessor bans them: from the
+    logits, and for beam rows from the log-probs (so they keep the full softmax's values)."""
+
+    def __init__(self, suppressed: tuple[int, ...] = (), device: str = "cpu") -> None:
+        self.suppressed = (torch.tensor(sorted(set(suppressed)), dtype=torch.int64,
+                                        device=device) if suppressed else None)
+
+    def suppress(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` with the suppressed tokens at -inf (in place; no-op without any)."""
+        if self.suppressed is not None:
+            logits.index_fill_(-1, self.suppressed, float("-inf"))
+        return logits
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The argmax over the tokens the model may generate."""
+        if self.suppressed is None:
+            return logits.argmax(dim=-1)
+        return logits.index_fill(-1, self.suppressed, float("-inf")).argmax(dim=-1)
+
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
-        logits = logits.float()
+        model_logits, logits = logits, logits.float()
         if sb.beam_rows:  # HF's beam search: the processors act on log-probs
             r = sb.beam_rows
             head = torch.log_softmax(logits[:r], dim=-1)
             logits = torch.cat([head, logits[r:]]) if r < logits.shape[0] else head
+        elif logits is model_logits and self.suppressed is not None:
+            logits = logits.clone()  # the step output keeps the model's logits as they were
+        self.suppress(logits)
         if sb.penalty_ids is not None:
             logits = _apply_penalties(logits, sb)
         if sb.banned_rows is not None:

@@ -15,9 +15,13 @@ from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput, results_per_prompt
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
-from seq2serve.runtime.frontend.prompts import chat_prompt, translation_prompt
+from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
-from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
+from seq2serve.runtime.frontend.translation import (
+    default_num_beams,
+    translation_input,
+    with_beams,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,18 +119,29 @@ class Seq2SeqEngine:
         return results if _returns_list(obj) else results[0]
 
     def translate(self, text: str | list[str], source_lang: str = "English",
-                  target_lang: str = "German", sampling_params: dict | None = None,
+                  target_lang: str | list[str] = "German", sampling_params: dict | None = None,
                   stream: bool = False, user: str | None = None,
                   beam_size: int | None = None):
-        """Translate with the model's prompt template (T5's convention when it has none).
-        `beam_size` is sampling_params' num_beams; with neither, the model directory's
-        generation_config.json `num_beams` (1 without one, and for a stream)."""
-        texts = text if isinstance(text, list) else [text]
-        prompts = [translation_prompt(self.args.model_path, t, source_lang, target_lang)
-                   for t in texts]
+        """Translate `text` (one or a list) into `target_lang` (one language, or one per
+        text). Languages are ISO 639-1 codes ("de"), English names ("German") or the model's
+        own codes ("deu_Latn"): a model whose tokenizer names its languages (NLLB, M2M100,
+        mBART-50, OPUS-MT) gets its source prefix and forced target token, a ValueError naming
+        its languages for one it lacks; any other gets its prompt template (T5's convention
+        when it has none). `beam_size` is sampling_params' num_beams; with neither, the model
+        directory's generation_config.json `num_beams` (1 without one, and for a stream)."""
         sampling_params = with_beams(sampling_params, beam_size, self.translation_beams, stream)
-        return self.generate(prompt=prompts if isinstance(text, list) else prompts[0],
-                             sampling_params=sampling_params, stream=stream, user=user)
+        obj = translation_input(self.tokenizer_manager, self.args.model_path, text, source_lang,
+                                target_lang, sampling_params, stream, user)
+        if stream:
+            return self._sync_iter(self.tokenizer_manager.generate(obj))
+        results = self._call(_collect(self.tokenizer_manager.generate(obj)))
+        return results if _returns_list(obj) else results[0]
+
+    @property
+    def languages(self) -> list[dict[str, str | None]] | None:
+        """The languages the model translates between (None: it takes a prompt template)."""
+        langs = self.tokenizer_manager.languages
+        return None if langs is None else langs.describe()
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: dict | None = None,
              stream: bool = False, user: str | None = None):

@@ -23,6 +23,9 @@ class GenerateReqInput:
     # images of each prompt (vision models): one image or a list per prompt
     image_data: Any = None
     user: str | None = None  # the caller's user id: caches are per user under isolation
+    # decoder_input_ids' tokens after the start token that stand for a forced first generated
+    # token (a translation's target language; TokenizedRequest.decoder_forced)
+    decoder_forced: int = 0
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,

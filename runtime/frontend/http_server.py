@@ -106,10 +106,11 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                            "created": int(time.time()),
-                                            "owned_by": "seq2serve",
-                                            "root": args.model_path}]}
+        entry = {"id": model_name, "object": "model", "created": int(time.time()),
+                 "owned_by": "seq2serve", "root": args.model_path}
+        if tm.languages is not None:  # what /v1/translations' languages may be
+            entry["languages"] = tm.languages.describe()
+        return {"object": "list", "data": [entry]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

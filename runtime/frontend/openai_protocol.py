@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from seq2serve.runtime.frontend.generate_request import invalid_text
 
 Stop = str | list[str] | None
+Language = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 class _Body(BaseModel):
@@ -105,8 +106,8 @@ class GenerateRequest(_Body):
 class TranslationRequest(_Body):
     model: str | None = None
     input: str | list[str]
-    source_lang: str = Field(min_length=1, max_length=64)
-    target_lang: str = Field(min_length=1, max_length=64)
+    source_lang: Language
+    target_lang: Language | list[Language]  # one language for every input, or one per input
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     stream: bool = False

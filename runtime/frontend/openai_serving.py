@@ -21,9 +21,13 @@ from seq2serve.runtime.frontend.openai_protocol import (
     GenerateRequest,
     TranslationRequest,
 )
-from seq2serve.runtime.frontend.prompts import chat_prompt, translation_prompt
+from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
-from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
+from seq2serve.runtime.frontend.translation import (
+    default_num_beams,
+    translation_input,
+    with_beams,
+)
 
 _DISCONNECT_POLL_S = 0.2
 
@@ -358,8 +362,6 @@ class OpenAIServing:
         for i, t in enumerate(texts):
             if not t:
                 raise RequestError(f"input[{i}] is empty", param="input")
-        prompts = [translation_prompt(self.model_path, t, body.source_lang, body.target_lang)
-                   for t in texts]
         sp = {k: v for k, v in (("max_new_tokens", body.max_tokens),
                                 ("temperature", body.temperature),
                                 ("num_beams", body.num_beams),
@@ -368,8 +370,13 @@ class OpenAIServing:
               if v is not None}
         sp.setdefault("temperature", 0.0)  # translation wants the most likely output
         sp = with_beams(sp, body.beam_size, self.translation_beams, body.stream)
-        obj = GenerateReqInput(text=prompts, sampling_params=sp, stream=body.stream,
-                               user=body.user)
+        try:
+            obj = translation_input(self.tm, self.model_path, texts, body.source_lang,
+                                    body.target_lang, sp, body.stream, body.user)
+        except ValueError as e:
+            param = "source_lang" if str(e).startswith("source_lang") else \
+                "input" if str(e).startswith("input") else "target_lang"
+            raise RequestError(str(e), param=param) from None
         rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             first, agen = await self._first(self.tm.generate(obj))

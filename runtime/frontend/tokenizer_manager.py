@@ -29,6 +29,7 @@ from seq2serve.runtime.frontend.generate_request import (
     invalid_text,
     results_per_prompt,
 )
+from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.runtime.memory.host_memory import release_freed_memory
 from seq2serve.runtime.messages.io_struct import (
     AbortRequest,
@@ -88,6 +89,8 @@ class TokenizerManager:
             # run side by side
             self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                                  thread_name_prefix="seq2serve-images")
+        # the languages a translation model's tokenizer names (None: a prompt template's)
+        self.languages = TranslationLanguages.of(tokenizer) if self.is_encoder_decoder else None
         # no token covers more characters than this: a longer prompt is refused untokenized
         self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
         self.states: dict[str, _ReqState] = {}
@@ -135,7 +138,7 @@ class TokenizerManager:
                 sp.max_new_tokens = min(sp.max_new_tokens, cap)  # a default, not a request
             self._check_limits(sp)
             _check_beams(sp, obj)
-            enc, dec = self._token_ids(item)
+            enc, dec, forced = self._token_ids(item, obj.decoder_forced)
             spans = None
             if self.image_processor is not None:
                 spans = cross_spans(dec, self.info["image_token_id"],
@@ -146,7 +149,8 @@ class TokenizerManager:
                           return_logprob=obj.return_logprob,
                           top_logprobs_num=obj.top_logprobs_num,
                           encoder_key=self._encoder_key(enc) if enc else None,
-                          encoder_inputs=images, cross_spans=spans, user=obj.user, group=group)
+                          encoder_inputs=images, cross_spans=spans, user=obj.user, group=group,
+                          decoder_forced=forced)
             if sp.is_beam:  # one search, whose k results come back under k rids
                 k = sp.num_return_sequences
                 beam_rids = [f"{base_rid}-{i}" for i in range(k)] if k > 1 else None
@@ -193,14 +197,20 @@ class TokenizerManager:
             release_freed_memory()
         return [[next(done) for _ in sources] for sources in per_prompt]
 
-    def _prompt_ids(self, text: str) -> list[int]:
-        problem = invalid_text(text, "text")
+    def check_text(self, text: str, name: str = "text") -> None:
+        """A prompt's text before tokenizing: valid Unicode, and not so long that no number
+        of tokens within the limit could hold it."""
+        problem = invalid_text(text, name)
         if problem:
             raise ValueError(problem)
-        limit, name = self._prompt_token_limit()
+        limit, limit_name = self._prompt_token_limit()
         if len(text) > limit * self.max_token_chars:
             raise ValueError(f"the prompt is {len(text)} characters, more than {limit} tokens "
-                             f"of at most {self.max_token_chars} characters can hold ({name})")
+                             f"of at most {self.max_token_chars} characters can hold "
+                             f"({limit_name})")
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        self.check_text(text)
         if self.image_processor is None:
             return self.tokenizer(text).input_ids
         # exactly as HF's Mllama processor: unless the prompt has a BOS token already, one is
@@ -221,7 +231,11 @@ class TokenizerManager:
             return self.info["max_encoder_len"], "max_encoder_len"
         return self.info["context_length"], "context_length"
 
-    def _token_ids(self, item: dict[str, Any]) -> tuple[list[int], list[int]]:
+    def _token_ids(self, item: dict[str, Any],
+                   forced: int = 0) -> tuple[list[int], list[int], int]:
+        """(encoder ids, decoder prompt, its forced tokens: TokenizedRequest.decoder_forced).
+        Without a decoder prompt, the model's forced_bos_token_id (if any) follows the start
+        token, as HF's generate forces it."""
         if "text" in item:
             ids = self._prompt_ids(item["text"])
         else:
@@ -229,12 +243,14 @@ class TokenizerManager:
         if not self.is_encoder_decoder:
             if item["decoder_input_ids"] is not None:
                 raise ValueError("decoder_input_ids is only for encoder-decoder models")
-            return [], ids
+            return [], ids, 0
         start = self.info["decoder_start_token_id"]
         dec = list(item["decoder_input_ids"] or [])
+        if item["decoder_input_ids"] is None and self.info.get("forced_bos_token_id") is not None:
+            dec, forced = [self.info["forced_bos_token_id"]], 1
         if not dec or dec[0] != start:
             dec = [start] + dec
-        return ids, dec
+        return ids, dec, forced
 
     def _check_limits(self, sp: SamplingParams) -> None:
         lim = self.limits

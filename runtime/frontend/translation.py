@@ -1,5 +1,6 @@
-"""Translation's beam count: CTranslate2's `beam_size` or HF's `num_beams` (one option, two
-names), by default the model directory's generation_config.json `num_beams`."""
+"""Translations: the beam count (CTranslate2's `beam_size` or HF's `num_beams`, one option with
+two names, by default the model directory's generation_config.json `num_beams`) and a
+translation's input to generate (the model's languages or its prompt template)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import os
 from typing import Any
 
 from seq2serve.runtime.config.sampling_params import MAX_BEAMS
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.prompts import translation_prompt
+from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +60,38 @@ def with_beams(params: dict[str, Any] | None, beam_size: int | None, default: in
     if beams is not None:
         params["num_beams"] = beams
     return params
+
+
+def translation_input(tm: TokenizerManager, model_path: str, text: str | list[str],
+                      source_lang: str, target_lang: str | list[str],
+                      sampling_params: dict[str, Any], stream: bool = False,
+                      user: str | None = None) -> GenerateReqInput:
+    """A translation as generate's input. `target_lang` is one language for every text or
+    one per text. A model whose tokenizer names its languages (NLLB, M2M100, mBART-50,
+    OPUS-MT) gets its source prefix and its target-language token (`languages.py`; a
+    ValueError naming the supported languages for one it lacks); any other model gets the
+    prompt template (`prompts.py`)."""
+    texts = text if isinstance(text, list) else [text]
+    targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(texts)
+    if len(targets) != len(texts):
+        raise ValueError(f"target_lang has {len(targets)} entries for {len(texts)} inputs")
+    langs = tm.languages
+    if langs is None:
+        prompts = [translation_prompt(model_path, t, source_lang, tl)
+                   for t, tl in zip(texts, targets)]
+        return GenerateReqInput(text=prompts if isinstance(text, list) else prompts[0],
+                                sampling_params=sampling_params, stream=stream, user=user)
+    source = langs.resolve(source_lang, "source_lang")
+    enc, dec = [], []
+    for i, (t, tl) in enumerate(zip(texts, targets)):
+        if not isinstance(t, str) or not t:
+            raise ValueError(f"input[{i}] must be a non-empty string")
+        tm.check_text(t, f"input[{i}]")
+        code = langs.resolve(tl, "target_lang")
+        enc.append(langs.source_ids(t, source, code))
+        dec.append(langs.forced_tokens(code))
+    one = not isinstance(text, list)
+    return GenerateReqInput(input_ids=enc[0] if one else enc,
+                            decoder_input_ids=dec[0] if one else dec,
+                            decoder_forced=len(dec[0]), sampling_params=sampling_params,
+                            stream=stream, user=user)

@@ -31,6 +31,10 @@ class TokenizedRequest:
     # beam search with num_return_sequences k: the rids of the k results, best first (the
     # first is `rid`); the scheduler sends one final TokenOutput for each. None: just `rid`
     beam_rids: list[str] | None = None
+    # tokens of the decoder prompt after its start token that stand for a first token HF
+    # would force as generated (forced_bos_token_id: NLLB's, mBART-50's target language):
+    # they count in a beam's length penalty as HF counts them, never in max_new_tokens
+    decoder_forced: int = 0
 
     @property
     def result_rids(self) -> list[str]:

@@ -36,6 +36,7 @@ class BeamGroup:
     improvable: bool = True  # HF's is_early_stop_heuristic_unsatisfied
     done: bool = False
     peak_pages: int = 0  # most decoder KV pages the group held at once
+    forced: int = 0  # forced prompt tokens HF counts as generated (TokenizedRequest.decoder_forced)
 
     @property
     def num_beams(self) -> int:
@@ -76,9 +77,10 @@ class BeamGroup:
         new token)."""
         sp = self.rows[0].sampling_params
         k, lp = sp.num_beams, sp.length_penalty
-        generated = len(self.rows[0].output_ids) + 1  # tokens each candidate has generated
+        n = len(self.rows[0].output_ids) + 1  # tokens each candidate has generated
+        generated = n + self.forced  # as HF counts them (its forced first token included)
         cands = [divmod(i, vocab) for i in flat_ids]
-        if generated >= sp.max_new_tokens:
+        if n >= sp.max_new_tokens:
             ends = [True] * len(cands)
         else:
             ends = [t in self.stop_ids for _, t in cands]
@@ -106,7 +108,8 @@ class BeamGroup:
             del self.hyps[k:]
 
         # can a running beam still beat the worst finished one?
-        best_len = sp.max_new_tokens if sp.early_stopping == "never" and lp > 0 else generated
+        best_len = (sp.max_new_tokens + self.forced if sp.early_stopping == "never" and lp > 0
+                    else generated)
         best = np.float32(scores[0]) / np.float32(float(best_len) ** lp)
         worst = np.float32(self.hyps[-1].score) if len(self.hyps) == k else _NEG
         self.improvable = self.improvable and bool(best > worst)
@@ -121,7 +124,7 @@ class BeamGroup:
         sp = self.rows[0].sampling_params
         found = list(self.hyps)
         if len(found) < sp.num_return_sequences:
-            n = len(self.rows[0].output_ids)
+            n = len(self.rows[0].output_ids) + self.forced
             denom = np.float32(float(max(n, 1)) ** sp.length_penalty)
             found += sorted((Hypothesis(float(np.float32(s / denom)), list(r.output_ids))
                              for s, r in zip(self.scores, self.rows)), key=lambda h: -h.score)

@@ -165,7 +165,8 @@ class Scheduler:
         )
         if sp.is_beam:
             stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_ids))
-            req.beam = BeamGroup(rows=[req], stop_ids=frozenset(stops))
+            req.beam = BeamGroup(rows=[req], stop_ids=frozenset(stops),
+                                 forced=tr.decoder_forced)
         if req.encoder_input_ids:
             key = tr.encoder_key or "tokens:" + ",".join(map(str, req.encoder_input_ids))
             req.segments.append(EncoderSegment(key, req.encoder_len, token_ids=req.encoder_input_ids))
@@ -589,6 +590,7 @@ class Scheduler:
             "running_requests": len(self.running),
             "waiting_requests": len(self.waiting),
             "encoder_forwards": self.encoder_stage.num_forwards,
+            "encoder_inputs": self.encoder_stage.num_encoded_inputs,  # inputs encoded
             "encoder_projections": self.encoder_stage.num_projected_inputs,
             "encoder_seconds": self.encoder_stage.seconds,
             "forwards": sum(self.forwards.values()),

@@ -61,6 +61,7 @@ def scheduler_info(scheduler: Scheduler) -> dict:
         **(arch.frontend_info() if hasattr(arch, "frontend_info") else {}),
         "architecture": scheduler.model_config.architecture,
         "decoder_start_token_id": getattr(arch, "decoder_start_token_id", None),
+        "forced_bos_token_id": scheduler.model_config.forced_bos_token_id,
         **dataclasses.asdict(scheduler.limits),  # what a request may be (ModelLimits)
         "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
         "device": runner.device,

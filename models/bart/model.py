@@ -1,0 +1,200 @@
+"""The BART-family translation models: Marian (OPUS-MT), M2M100 (and NLLB-200), mBART(-50).
+
+An encoder stack and a decoder stack of LayerNorm blocks with biased linears and scaled
+dot-product attention; absolute positions added to the (scaled) embeddings, no relative bias.
+The families differ only where `config.Family` says: whether the norm comes before each
+sublayer (mBART, M2M100) or after its residual add (Marian), a norm after the embeddings
+(mBART) and at the end of each stack (mBART, M2M100), the position table, and a bias on the
+logits (Marian, mBART). Batching, paging and caching are the runtime's, as for T5.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from seq2serve.models.attention import Attention
+from seq2serve.models.bart.config import BartConfig
+from seq2serve.models.bart.positions import PositionTable
+from seq2serve.models.bart.weights import hf_to_param, load_priority
+from seq2serve.models.linear import Linear
+from seq2serve.models.mlp import MLP
+from seq2serve.models.norm import LayerNorm
+from seq2serve.runtime.attention.base import AttentionKind
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.attention.forward_batch import EncodeForwardBatch, ForwardBatch
+
+
+def residual(norm: LayerNorm, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor],
+             pre_norm: bool) -> torch.Tensor:
+    """x + sublayer(norm(x)) (pre-norm), or norm(x + sublayer(x)) (post-norm)."""
+    if pre_norm:
+        return x + sublayer(norm(x))
+    return norm(x + sublayer(x))
+
+
+class BartSelfAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, kind: AttentionKind, layer_id: int) -> None:
+        super().__init__()
+        head_dim = d_model // heads
+        self.qkv = Linear(d_model, [d_model, d_model, d_model], bias=True)
+        self.o = Linear(d_model, d_model, bias=True)
+        self.attn = Attention(kind, layer_id, heads, heads, head_dim, scaling=head_dim**-0.5)
+        self.d_model = d_model
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch | EncodeForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+        return self.o(self.attn(q, k, v, fb))
+
+
+class BartCrossAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, layer_id: int) -> None:
+        super().__init__()
+        head_dim = d_model // heads
+        self.q = Linear(d_model, d_model, bias=True)
+        self.kv = Linear(d_model, [d_model, d_model], bias=True)
+        self.o = Linear(d_model, d_model, bias=True)
+        self.attn = Attention(AttentionKind.CROSS, layer_id, heads, heads, head_dim,
+                              scaling=head_dim**-0.5)
+        self.d_model = d_model
+
+    def store_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
+        k, v = self.kv(encoder_hidden).split(self.d_model, dim=-1)
+        self.attn.store_cross_kv(k, v, fb)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.o(self.attn(self.q(x), None, None, fb))
+
+
+class BartEncoderLayer(nn.Module):
+    def __init__(self, cfg: BartConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.pre_norm = cfg.family.pre_norm
+        self.self_attn = BartSelfAttention(d, cfg.encoder_attention_heads,
+                                           AttentionKind.ENCODER, layer_id=-1)
+        self.self_attn_norm = LayerNorm(d)
+        self.ff = MLP(d, cfg.encoder_ffn_dim, cfg.activation, bias=True)
+        self.ff_norm = LayerNorm(d)
+
+    def forward(self, x: torch.Tensor, fb: EncodeForwardBatch) -> torch.Tensor:
+        x = residual(self.self_attn_norm, x, lambda h: self.self_attn(h, fb), self.pre_norm)
+        return residual(self.ff_norm, x, self.ff, self.pre_norm)
+
+
+class BartDecoderLayer(nn.Module):
+    def __init__(self, cfg: BartConfig, layer_id: int) -> None:
+        super().__init__()
+        d, heads = cfg.d_model, cfg.decoder_attention_heads
+        self.pre_norm = cfg.family.pre_norm
+        self.self_attn = BartSelfAttention(d, heads, AttentionKind.SELF, layer_id)
+        self.self_attn_norm = LayerNorm(d)
+        self.cross_attn = BartCrossAttention(d, heads, layer_id)
+        self.cross_attn_norm = LayerNorm(d)
+        self.ff = MLP(d, cfg.decoder_ffn_dim, cfg.activation, bias=True)
+        self.ff_norm = LayerNorm(d)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        x = residual(self.self_attn_norm, x, lambda h: self.self_attn(h, fb), self.pre_norm)
+        x = residual(self.cross_attn_norm, x, lambda h: self.cross_attn(h, fb), self.pre_norm)
+        return residual(self.ff_norm, x, self.ff, self.pre_norm)
+
+
+class BartForConditionalGeneration(nn.Module):
+    """Marian's MarianMTModel, M2M100ForConditionalGeneration and
+    MBartForConditionalGeneration, by `cfg.family`."""
+
+    config_class = BartConfig
+
+    def __init__(self, cfg: BartConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        fam, d = cfg.family, cfg.d_model
+        self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0
+        self.shared = _embedding(cfg.vocab_size, d)  # the encoder's, and shared the decoder's
+        self.decoder_embed = (None if cfg.decoder_shares_embedding
+                              else _embedding(cfg.vocab_size, d))
+        self.encoder_positions = PositionTable(fam.positions, cfg.max_position_embeddings, d,
+                                               cfg.pad_token_id)
+        self.decoder_positions = PositionTable(fam.positions, cfg.max_position_embeddings, d,
+                                               cfg.pad_token_id)
+        self.encoder_embed_norm = LayerNorm(d) if fam.embed_norm else None
+        self.decoder_embed_norm = LayerNorm(d) if fam.embed_norm else None
+        self.encoder_layers = nn.ModuleList(BartEncoderLayer(cfg)
+                                            for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(BartDecoderLayer(cfg, i)
+                                            for i in range(cfg.decoder_layers))
+        self.encoder_norm = LayerNorm(d) if fam.final_norm else None
+        self.decoder_norm = LayerNorm(d) if fam.final_norm else None
+        self.lm_head = Linear(d, cfg.vocab_size)
+        self.final_logits_bias = (nn.Parameter(torch.empty(1, cfg.vocab_size),
+                                               requires_grad=False)
+                                  if fam.logits_bias else None)
+
+    # --- the encoder stage -------------------------------------------------------------------
+    def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
+        """Run the encoder over a packed ragged batch; returns hidden states [tokens, d_model]."""
+        ids = fb.token_ids
+        rows = self.encoder_positions.encoder_rows(ids, fb.segment_lens)
+        x = self.shared(ids) * self.embed_scale + self.encoder_positions(rows)
+        if self.encoder_embed_norm is not None:
+            x = self.encoder_embed_norm(x)
+        for layer in self.encoder_layers:
+            x = layer(x, fb)
+        return x if self.encoder_norm is None else self.encoder_norm(x)
+
+    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
+        """Project the encoder output to each decoder layer's cross K/V, once."""
+        for layer in self.decoder_layers:
+            layer.cross_attn.store_kv(encoder_hidden, fb)
+
+    # --- the decoder -------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        embed = self.shared if self.decoder_embed is None else self.decoder_embed
+        rows = self.decoder_positions.decoder_rows(input_ids, positions)
+        x = embed(input_ids) * self.embed_scale + self.decoder_positions(rows)
+        if self.decoder_embed_norm is not None:
+            x = self.decoder_embed_norm(x)
+        for layer in self.decoder_layers:
+            x = layer(x, fb)
+        return x if self.decoder_norm is None else self.decoder_norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias
+
+    # --- weights -----------------------------------------------------------------------------
+    def weight_map(self, name: str) -> list[tuple[str, int | None]] | None:
+        return hf_to_param(name, self.cfg)
+
+    load_priority = staticmethod(load_priority)
+
+    def tie_missing(self, missing: set[str]) -> set[str]:
+        """lm_head tied to the decoder's embedding when the checkpoint has none and the config
+        allows; a checkpoint without final_logits_bias has a zero one (HF's default)."""
+        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
+            embed = self.shared if self.decoder_embed is None else self.decoder_embed
+            self.lm_head.weight = embed.weight
+            missing = missing - {"lm_head.weight"}
+        if "final_logits_bias" in missing:
+            with torch.no_grad():
+                self.final_logits_bias.zero_()
+            missing = missing - {"final_logits_bias"}
+        return missing
+
+    def init_buffers(self) -> None:
+        """The sinusoid tables (computed, not in the checkpoint)."""
+        self.encoder_positions.init_buffers()
+        self.decoder_positions.init_buffers()
+
+
+def _embedding(vocab: int, dim: int) -> nn.Embedding:
+    e = nn.Embedding(vocab, dim)
+    e.weight.requires_grad_(False)
+    return e

@@ -1,0 +1,102 @@
+"""The BART family's absolute positions: which table row each token adds to its embedding.
+
+- Marian: sinusoids (sin of every even feature, then cos of every odd one), row = position.
+- M2M100 / NLLB (fairseq): sinusoids (sin half, cos half), row = 2 + the count of non-pad
+  tokens before it; a pad token reads row 1 (the padding row, zeros). In a decode step HF
+  counts from its cache length, so a generated pad shifts nothing after it: row = 2 + position
+  for every non-pad token.
+- mBART: a learned table, row = 2 + position.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+OFFSET = 2  # fairseq's rows 0 and 1 (row 1: padding)
+
+
+def marian_sinusoids(n_pos: int, dim: int) -> torch.Tensor:
+    """HF's MarianSinusoidalPositionalEmbedding table (float64 math, then float32)."""
+    j = np.arange(dim)
+    angle = np.arange(n_pos)[:, None] / np.power(10000, 2 * (j // 2) / dim)[None, :]
+    half = (dim + 1) // 2
+    out = torch.empty(n_pos, dim)
+    out[:, :half] = torch.FloatTensor(np.sin(angle[:, 0::2]))
+    out[:, half:] = torch.FloatTensor(np.cos(angle[:, 1::2]))
+    return out
+
+
+def fairseq_sinusoids(n_pos: int, dim: int, padding_idx: int) -> torch.Tensor:
+    """fairseq's (HF's M2M100SinusoidalPositionalEmbedding) table; the padding row zero."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float()
+                     * -(math.log(10000) / (half - 1)))
+    angle = torch.arange(n_pos, dtype=torch.int64).float()[:, None] * freq[None, :]
+    out = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
+    if dim % 2:
+        out = torch.cat([out, torch.zeros(n_pos, 1)], dim=1)
+    out[padding_idx] = 0
+    return out
+
+
+def segment_positions(segment_lens: list[int], device: torch.device) -> torch.Tensor:
+    """0, 1, ... within each packed segment."""
+    lens = torch.tensor(segment_lens, dtype=torch.int64)
+    starts = torch.cumsum(lens, 0) - lens
+    idx = torch.arange(int(lens.sum()), dtype=torch.int64)
+    return (idx - starts.repeat_interleave(lens)).to(device)
+
+
+class PositionTable(nn.Module):
+    """One stack's position table and its row rule (`kind`: "marian", "fairseq", "learned")."""
+
+    def __init__(self, kind: str, max_positions: int, dim: int, padding_idx: int) -> None:
+        super().__init__()
+        self.kind, self.padding_idx = kind, padding_idx
+        self.rows = max_positions + (0 if kind == "marian" else OFFSET)
+        self.dim = dim
+        if kind == "learned":  # in the checkpoint
+            self.weight = nn.Parameter(torch.empty(self.rows, dim), requires_grad=False)
+        else:  # computed (init_buffers), never read from the checkpoint
+            self.register_buffer("weight", torch.empty(self.rows, dim), persistent=False)
+
+    def init_buffers(self) -> None:
+        if self.kind == "learned":
+            return
+        table = (marian_sinusoids(self.rows, self.dim) if self.kind == "marian"
+                 else fairseq_sinusoids(self.rows, self.dim, self.padding_idx))
+        self.weight = table.to(self.weight.device, self.weight.dtype)
+
+    def encoder_rows(self, token_ids: torch.Tensor, segment_lens: list[int]) -> torch.Tensor:
+        """Rows of a packed encoder batch (the fairseq rule counts non-pad tokens)."""
+        pos = segment_positions(segment_lens, token_ids.device)
+        if self.kind != "fairseq":
+            return pos + (OFFSET if self.kind == "learned" else 0)
+        real = (token_ids != self.padding_idx).long()
+        before = torch.cumsum(real, 0) - real  # non-pad tokens before each, whole batch
+        start = before[pos.new_tensor(_segment_starts(segment_lens)).repeat_interleave(
+            pos.new_tensor(segment_lens))]
+        return torch.where(real.bool(), before - start + OFFSET, self.padding_idx)
+
+    def decoder_rows(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.kind == "marian":
+            return positions
+        rows = positions + OFFSET
+        if self.kind == "fairseq":
+            rows = torch.where(input_ids == self.padding_idx, self.padding_idx, rows)
+        return rows
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.weight[rows]
+
+
+def _segment_starts(segment_lens: list[int]) -> list[int]:
+    starts, at = [], 0
+    for n in segment_lens:
+        starts.append(at)
+        at += n
+    return starts
