@@ -136,8 +136,9 @@ class ModelRunner:
             if self.graph_runner.can_run_prefill(b):
                 rows, last = decode_rows(b)
                 logits, greedy = self.graph_runner.replay(rows, started)
+                scored = self._input_logprobs(b, lambda r: logits[r])  # a row per new token
                 last = last.to(logits.device, non_blocking=True)
-                return self._sample(logits[last], greedy[last], b, started)
+                return self._sample(logits[last], greedy[last], b, started, scored)
         if started is not None:
             started.record()
         fb = to_forward_batch(b, self.device, self.pools, self.attn_backend)
@@ -147,15 +148,27 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
+        scored = self._input_logprobs(b, lambda r: self.model.compute_logits(hidden[r]))
         logits = self.model.compute_logits(hidden[last])
-        return self._sample(logits, None, b, started)
+        return self._sample(logits, None, b, started, scored)
+
+    def _input_logprobs(self, b: DecoderBatch, logits_of) -> torch.Tensor | None:
+        """The float32 log-probs of the batch's scored input tokens; `logits_of(rows)` gives
+        the logits after the new tokens `rows`."""
+        if b.input_logprobs is None:
+            return None
+        rows = b.input_logprobs.rows.to(self.device, non_blocking=True)
+        targets = b.input_logprobs.targets.to(self.device, non_blocking=True)
+        logprobs = torch.log_softmax(logits_of(rows).float(), dim=-1)
+        return logprobs.gather(1, targets[:, None]).squeeze(1)
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, b: DecoderBatch,
-                started: torch.cuda.Event | None = None) -> StepOutput:
+                started: torch.cuda.Event | None = None,
+                input_logprobs: torch.Tensor | None = None) -> StepOutput:
         """b.sampling None means plain greedy for every request: the argmax is the answer."""
         if b.sampling is None:
             out = StepOutput(greedy if greedy is not None else logits.argmax(dim=-1))
         else:
             out = self.sampler(logits, b.sampling)
-        out.logits, out.started = logits, started
+        out.logits, out.started, out.input_logprobs = logits, started, input_logprobs
         return out

@@ -28,6 +28,8 @@ class StepOutput:
     # beam search: each group's best candidates, groups in the batch's bucket order
     beam_values: torch.Tensor | None = None  # [sum of keeps] float32 accumulated log-probs
     beam_ids: torch.Tensor | None = None  # [sum of keeps] int64: row in group * vocab + token
+    # EXTEND: log-probs of the scored decoder input tokens (`DecoderBatch.input_logprobs`)
+    input_logprobs: torch.Tensor | None = None  # [n] float32
     # the sampled rows' logits [B, vocab], as computed (a CUDA graph's are its output buffer:
     # valid until the next forward)
     logits: torch.Tensor | None = field(default=None, repr=False)
@@ -36,6 +38,7 @@ class StepOutput:
     token_logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
     beam_candidates: tuple[list[float], list[int]] | None = None
+    input_token_logprobs: list[float] | None = None
     device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
     _host: tuple = field(default=(), repr=False)
     _event: torch.cuda.Event | None = field(default=None, repr=False)
@@ -43,7 +46,7 @@ class StepOutput:
 
     def _tensors(self) -> tuple:
         return (self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs,
-                self.beam_values, self.beam_ids)
+                self.beam_values, self.beam_ids, self.input_logprobs)
 
     def copy_to_host(self) -> StepOutput:
         """Queue the copy. With a `started` event (the model runner records one just before
@@ -69,7 +72,8 @@ class StepOutput:
             self._event.synchronize()
             if self.started is not None:
                 self.device_seconds = self.started.elapsed_time(self._event) / 1e3
-        ids, logprobs, top_ids, top_vals, beam_values, beam_ids = self._host or self._tensors()
+        (ids, logprobs, top_ids, top_vals, beam_values, beam_ids,
+         input_logprobs) = self._host or self._tensors()
         self.token_ids = ids.tolist()
         if logprobs is not None:
             self.token_logprobs = logprobs.tolist()
@@ -77,6 +81,8 @@ class StepOutput:
             self.top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
         if beam_values is not None:
             self.beam_candidates = beam_values.tolist(), beam_ids.tolist()
+        if input_logprobs is not None:
+            self.input_token_logprobs = input_logprobs.tolist()
         return self
 
 

@@ -65,7 +65,7 @@ class RequestMemory:
             if jobs is None:
                 return None
         # the decoder prefix: at least the last token is computed, for its logits
-        pages, node = self.radix.match_prefix(req.namespace, req.fill_ids[: req.seq_len - 1])
+        pages, node = self.radix.match_prefix(req.namespace, req.fill_ids[: req.max_cached_prefix])
         self.radix.lock(node)
         need = self.token_to_kv.pages_for(req.seq_len) - len(pages)
         if not self.make_room(need + reserve_pages):
