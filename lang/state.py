@@ -205,7 +205,8 @@ class ProgramState:
             text, meta = "", {}
             for piece, info in self.backend.generate_stream(self._prompt(), g.sampling_params):
                 text, meta = text + piece, info
-                self._append(piece, g.name)
+                if piece:  # (a stream's last event may carry no new text)
+                    self._append(piece, g.name)
         else:
             text, meta = self.backend.generate(self._prompt(), g.sampling_params)
             self._append(text, g.name)

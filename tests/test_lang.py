@@ -75,7 +75,7 @@ def hf_choice_logprobs(path: str, source: str, choice: str) -> list[float]:
     return [lp[p - 1, dec[p]].item() for p in range(1, len(dec))]
 
 
-def test_t5_select_is_hf_scoring(t5_dir, t5_backends):
+def test_t5_select_is_hf_scoring(t5_dir, t5_engine, t5_backends):
     text = "the film was a delight from start to finish"
     source = "sst2 sentence: " + text
     sums = torch.tensor([sum(hf_choice_logprobs(t5_dir, source, c)) for c in LABELS])
@@ -83,7 +83,14 @@ def test_t5_select_is_hf_scoring(t5_dir, t5_backends):
                           (hf_choice_logprobs(t5_dir, source, c) for c in LABELS)])
     assert len(set(sums.tolist())) == len(LABELS)
     for name, backend in t5_backends.items():
+        before = t5_engine.stats() if name == "engine" else None
         s = classify.run(text=text, backend=backend)
+        if before is not None:  # each select (4 choices): one extend, one encoded input
+            after = t5_engine.stats()
+            assert (after["forwards_by_mode"]["extend"]
+                    - before["forwards_by_mode"].get("extend", 0)) == 2
+            assert after["encoder_forwards"] - before["encoder_forwards"] == 2
+            assert after["encoder_cache_entries"] - before["encoder_cache_entries"] == 2
         meta = s.get_meta_info("label")
         torch.testing.assert_close(torch.tensor(meta["scores"]), sums, atol=TOL, rtol=0)
         torch.testing.assert_close(torch.tensor(meta["normalized_scores"]), means, atol=TOL,

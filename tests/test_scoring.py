@@ -134,3 +134,31 @@ def test_bad_scoring_requests_are_refused(t5_dir):
     with pytest.raises(ValueError, match="num_beams > 1 needs max_new_tokens >= 1"):
         SamplingParams.from_dict({"num_beams": 2, "max_new_tokens": 0})
     sched.check_integrity()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_scores_from_graph_and_eager_prefills_match_hf_on_cuda(t5_dir, llama_dir):
+    """On CUDA (Triton, CUDA graphs): a short scored extend replays the decode graphs (every
+    row's logits), a long one runs eagerly; both are HF's float32 log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(t5_dir)
+    sched = make_scheduler(t5_dir, device="cuda", dtype="float32")
+    enc = tok(SOURCES[1]).input_ids
+    for label in ["positive", "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2]:
+        dec = [0] + tok(label).input_ids
+        sched.add_request(scoring("t5", enc, dec, 1))
+        got = drive(sched)["t5"]["input_logprobs"]
+        want = reference(hf_logits(t5_dir, enc, dec), dec, 1)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=2e-3, rtol=0)
+    tok = load_tokenizer(llama_dir)
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    sched = make_scheduler(llama_dir, device="cuda", dtype="float32")
+    for text in ["Hello there", "The quick brown fox jumps over the lazy dog " * 4]:
+        ids = tok(text).input_ids
+        sched.add_request(scoring("llama", [], ids, 2))
+        got = drive(sched)["llama"]["input_logprobs"]
+        with torch.no_grad():
+            want = reference(hf(torch.tensor([ids])).logits[0], ids, 2)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=2e-3, rtol=0)
