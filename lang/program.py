@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,12 +33,15 @@ def as_backend(backend: Any) -> Backend:
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     if isinstance(backend, Seq2SeqEngine):
-        return _engine_backends.setdefault(id(backend), EngineBackend(backend))
+        if backend not in _engine_backends:
+            _engine_backends[backend] = EngineBackend(backend)
+        return _engine_backends[backend]
     raise TypeError(f"backend must be a Seq2SeqEngine or a Backend (RuntimeEndpoint), not "
                     f"{type(backend).__name__}")
 
 
-_engine_backends: dict[int, Backend] = {}  # one per engine: its model info is fetched once
+# one per engine (its model info is fetched once), gone with the engine
+_engine_backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Program:
@@ -56,8 +61,7 @@ class Program:
             self._execute(state, args, kwargs)
             state._raise()
             return state
-        import threading
-
+        state._owner = -1  # owned by the program's thread from now on (its id comes next)
         threading.Thread(target=self._execute, args=(state, args, kwargs),
                          name="seq2serve-lang-program", daemon=True).start()
         return state
@@ -79,6 +83,7 @@ class Program:
         return states
 
     def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> None:
+        state._owner = threading.get_ident()
         try:
             self.func(state, *args, **kwargs)
             state.sync()

@@ -3,7 +3,9 @@ runs what the program appends to it, in order, on a thread of its own. Appending
 once; reading a variable (`s["name"]`), the text or a fork waits for what it needs, so forks
 and the programs of a `run_batch` run side by side and the runtime batches their requests.
 
-Ownership: only the state's executor thread changes the state; readers wait on `_cond`.
+Ownership: only the state's executor thread changes the state; readers wait on `_cond`. The
+thread running the program (`_owner`) waits for what it appended so far; any other thread (a
+caller reading a streamed run) waits for the program's end.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class ProgramState:
         self._cond = threading.Condition()
         self._submitted = self._done = 0
         self._closed = False
+        self._owner: int | None = None  # the thread running the program (None: any reader)
         self._children: list[ProgramState] = []  # forks: closed with this state
         self.error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -53,7 +56,7 @@ class ProgramState:
 
     def __getitem__(self, name: str) -> Any:
         with self._cond:
-            self._cond.wait_for(lambda: name in self._vars or self._idle())
+            self._cond.wait_for(lambda: name in self._vars or self._settled())
             self._raise()
             if name not in self._vars:
                 raise KeyError(f"the program set no variable {name!r}")
@@ -89,7 +92,7 @@ class ProgramState:
     def sync(self) -> ProgramState:
         """Wait until everything appended so far has run; raise the error one step raised."""
         with self._cond:
-            self._cond.wait_for(self._idle)
+            self._cond.wait_for(self._settled)
             self._raise()
         return self
 
@@ -105,7 +108,7 @@ class ProgramState:
             f._text, f._images = self._text, list(self._images)
             f._vars, f._meta = dict(self._vars), dict(self._meta)
             f._messages = [dict(m) for m in self._messages]
-            f._role = self._role
+            f._role, f._owner = self._role, threading.get_ident()
             forks.append(f)
         self._children += forks
         return ForkGroup(self, forks)
@@ -147,6 +150,12 @@ class ProgramState:
 
     def _finished(self) -> bool:
         return self._closed and self._idle()
+
+    def _settled(self) -> bool:
+        """Nothing more will run that this reader should wait for."""
+        if self._owner is None or self._owner == threading.get_ident():
+            return self._idle()
+        return self._finished()
 
     def _raise(self) -> None:
         if self.error is not None:

@@ -135,6 +135,8 @@ def test_streamed_text_is_the_text(t5_backends):
         assert state.text().endswith(state["out"])
         texts[name] = state.text()
         assert story.run(backend=backend).text() == texts[name]
+        # read at once from this thread: waits for the program, not just what it appended yet
+        assert story.run(backend=backend, stream=True)["out"] == state["out"]
     assert texts["engine"] == texts["http"]
 
 
