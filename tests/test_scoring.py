@@ -98,8 +98,12 @@ def llama_dir(tmp_path_factory):
                                       init_scale=10.0))
 
 
-def test_llama_continuation_scores_match_hf(llama_dir):
+def test_llama_continuation_scores_match_hf(llama_dir, monkeypatch):
     from transformers import AutoModelForCausalLM
+
+    from seq2serve.runtime.executor import model_runner
+
+    monkeypatch.setattr(model_runner, "_SCORED_ROWS_AT_ONCE", 4)  # logits in several chunks
 
     tok = load_tokenizer(llama_dir)
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()

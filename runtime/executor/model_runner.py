@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_MAX_LEN = 2048
+# scored input tokens whose logits exist at once (a long scored prompt would otherwise hold
+# rows x vocab floats: 1024 rows of a 128k vocabulary are 0.5 GB in float32)
+_SCORED_ROWS_AT_ONCE = 1024
 
 
 def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> torch.dtype:
@@ -159,8 +162,12 @@ class ModelRunner:
             return None
         rows = b.input_logprobs.rows.to(self.device, non_blocking=True)
         targets = b.input_logprobs.targets.to(self.device, non_blocking=True)
-        logprobs = torch.log_softmax(logits_of(rows).float(), dim=-1)
-        return logprobs.gather(1, targets[:, None]).squeeze(1)
+        out = []
+        for i in range(0, rows.numel(), _SCORED_ROWS_AT_ONCE):
+            r, t = rows[i:i + _SCORED_ROWS_AT_ONCE], targets[i:i + _SCORED_ROWS_AT_ONCE]
+            logprobs = torch.log_softmax(logits_of(r).float(), dim=-1)
+            out.append(logprobs.gather(1, t[:, None]).squeeze(1))
+        return torch.cat(out)
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, b: DecoderBatch,
                 started: torch.cuda.Event | None = None,
