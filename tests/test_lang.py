@@ -239,3 +239,18 @@ def test_llama_chat_program_is_hf(llama_dir):
     torch.testing.assert_close(torch.tensor(s.get_meta_info("ok")["scores"]),
                                torch.tensor(sums), atol=TOL, rtol=0)
     assert s["ok"] == ["Yes, it is.", "No", "Maybe so"][max(range(3), key=sums.__getitem__)]
+
+
+@pytest.mark.parametrize("path, body, needle", [
+    ("/generate", {"text": "x", "logprob_start_len": 1}, "needs return_logprob"),
+    ("/generate", {"text": "x", "return_logprob": True, "logprob_start_len": 7,
+                   "decoder_input_ids": [0, 5]}, "past the decoder input's 2 tokens"),
+    ("/generate", {"text": "x", "return_logprob": True, "logprob_start_len": -3}, "-1"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 0, "num_beams": 2}},
+     "num_beams > 1 needs max_new_tokens >= 1"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": "x", "model": "nope"}, "not found"),
+])
+def test_bad_scoring_and_tokenize_requests_get_a_4xx(t5_server, path, body, needle):
+    r = httpx.post(t5_server.url + path, json=body, timeout=60)
+    assert 400 <= r.status_code < 500 and needle in r.json()["error"]["message"], r.text
