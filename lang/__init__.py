@@ -21,13 +21,16 @@ from seq2serve.lang.program import Program, function, set_default_backend
 from seq2serve.lang.runtime_endpoint import RuntimeEndpoint
 from seq2serve.lang.state import ForkGroup, ProgramState
 
-__all__ = ["Backend", "ForkGroup", "Program", "ProgramState", "RuntimeEndpoint", "Scores",
-           "assistant", "assistant_end", "function", "gen", "image", "select",
-           "set_default_backend", "system", "system_end", "user", "user_end"]
+__all__ = ["Backend", "EngineBackend", "ForkGroup", "Program", "ProgramState",
+           "RuntimeEndpoint", "Scores", "assistant", "assistant_end", "function", "gen",
+           "image", "select", "set_default_backend", "system", "system_end", "user",
+           "user_end"]
 
 
-def EngineBackend(engine):  # noqa: N802 - a class, imported lazily (it needs torch)
-    """The backend over a `Seq2SeqEngine` (`run(backend=engine)` wraps one for you)."""
-    from seq2serve.lang.engine_backend import EngineBackend as _EngineBackend
+def __getattr__(name: str):
+    # imported lazily: the engine backend imports torch, programs over HTTP need none of it
+    if name == "EngineBackend":
+        from seq2serve.lang.engine_backend import EngineBackend
 
-    return _EngineBackend(engine)
+        return EngineBackend
+    raise AttributeError(f"module 'seq2serve.lang' has no attribute {name!r}")
