@@ -1,5 +1,5 @@
 """The package's layering rule, as `import-linter` contracts in pyproject.toml: every package
-imports only the packages below it (cli > bench > frontend > scheduler > messages > encoders >
+imports only the packages below it (lang > cli > bench > frontend > scheduler > messages > encoders >
 executor > config/tools > models > attention > cross_attention > memory > kernels), and no
 package's modules or subpackages import each other in a cycle."""
 
@@ -53,7 +53,7 @@ def test_modules_md_lists_every_module_of_the_package():
             section = line[3:].strip()
         elif section and (m := re.match(r"- `([^`]+\.py)`", line)):
             listed.add(section + m.group(1))
-    package_dirs = ("runtime", "encoders", "cross_attention", "models")
+    package_dirs = ("lang", "runtime", "encoders", "cross_attention", "models")
     actual = {str(p.relative_to(ROOT)) for d in package_dirs for p in (ROOT / d).rglob("*.py")
               if p.name != "__init__.py" and "__pycache__" not in p.parts}
     listed = {p for p in listed if p.startswith(package_dirs)}

@@ -33,6 +33,12 @@ EXPECTED = {
                         "encoder_cache_hit=True, cached_tokens=4",
                         "user=bob    'hundred fifty-six'", "encoder_cache_entries': 0",
                         "encoder cache hit rate"],
+    "05_programs.ipynb": ["select picks: one thousand nine hundred eighty-four",
+                          "same score as the scoring request: True", "1984 -> one thousand nine",
+                          "streamed == generated: True", "same over HTTP: True",
+                          "server exit code: 0", "3 translations:",
+                          "the French branch is the plain request's text: True",
+                          "same as engine.chat: True", "integrity: {"],
 }
 
 

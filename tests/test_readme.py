@@ -39,6 +39,13 @@ EXPECTED = [
     ('"beam_size": 4', "two thousand twenty-four"),
     ("num_return_sequences", "one thousand nine hundred eighty-four"),
     ("engine.check_integrity()", "{'idle': True}"),
+    ("def number_words", "one thousand nine hundred eighty-four [-0.04, -7.21"),
+    ("def number_words", "['one thousand nine hundred forty-eight', 'one thousand nine hundred "
+                         "eighty-four']"),
+    ("def three_languages", "['"),
+    ("def to_german", "|"),
+    ("def image_chat", "['user', 'assistant', 'user', 'assistant']"),
+    ('"logprob_start_len": 1', '"input_token_logprobs":[[-'),
     ("bench offline", "ratio seq2serve / HF default"),
     ("bench plot", "wrote"),
     ("bench serving", "\"failed\": 0"),

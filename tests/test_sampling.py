@@ -26,7 +26,7 @@ VOCAB = 50
     ({"top_k": -5}, "top_k"),
     ({"top_k": 2.5}, "top_k"),
     ({"min_p": 2}, "min_p"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": -1}, "max_new_tokens"),
     ({"max_new_tokens": True}, "max_new_tokens"),
     ({"min_new_tokens": 9, "max_new_tokens": 4}, "min_new_tokens"),
     ({"repetition_penalty": 0}, "repetition_penalty"),

@@ -55,7 +55,8 @@ class SamplingParams:
         return sp
 
     def validate(self, vocab_size: int | None = None) -> None:
-        _int("max_new_tokens", self.max_new_tokens, lo=1)
+        # 0: nothing generated; with logprob_start_len, the prompt is only scored
+        _int("max_new_tokens", self.max_new_tokens, lo=0)
         _int("min_new_tokens", self.min_new_tokens, lo=0)
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
@@ -98,6 +99,8 @@ class SamplingParams:
         _int("no_repeat_ngram_size", self.no_repeat_ngram_size, lo=0)
         if self.num_beams == 1:
             return
+        if self.max_new_tokens == 0:
+            raise ValueError("num_beams > 1 needs max_new_tokens >= 1")
         # beam search is deterministic (HF's do_sample=False): what it cannot honour is refused
         refused = [name for name, on in (
             ("n", self.n != 1), ("stop", bool(self.stop)),

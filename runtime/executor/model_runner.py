@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_MAX_LEN = 2048
+# scored input tokens whose logits exist at once (a long scored prompt would otherwise hold
+# rows x vocab floats: 1024 rows of a 128k vocabulary are 0.5 GB in float32)
+_SCORED_ROWS_AT_ONCE = 1024
 
 
 def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> torch.dtype:
@@ -137,8 +140,9 @@ class ModelRunner:
             if self.graph_runner.can_run_prefill(b):
                 rows, last = decode_rows(b)
                 logits, greedy = self.graph_runner.replay(rows, started)
+                scored = self._input_logprobs(b, lambda r: logits[r])  # a row per new token
                 last = last.to(logits.device, non_blocking=True)
-                return self._sample(logits[last], greedy[last], b, started)
+                return self._sample(logits[last], greedy[last], b, started, scored)
         if started is not None:
             started.record()
         fb = to_forward_batch(b, self.device, self.pools, self.attn_backend)
@@ -148,11 +152,27 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
+        scored = self._input_logprobs(b, lambda r: self.model.compute_logits(hidden[r]))
         logits = self.model.compute_logits(hidden[last])
-        return self._sample(logits, None, b, started)
+        return self._sample(logits, None, b, started, scored)
+
+    def _input_logprobs(self, b: DecoderBatch, logits_of) -> torch.Tensor | None:
+        """The float32 log-probs of the batch's scored input tokens; `logits_of(rows)` gives
+        the logits after the new tokens `rows`."""
+        if b.input_logprobs is None:
+            return None
+        rows = b.input_logprobs.rows.to(self.device, non_blocking=True)
+        targets = b.input_logprobs.targets.to(self.device, non_blocking=True)
+        out = []
+        for i in range(0, rows.numel(), _SCORED_ROWS_AT_ONCE):
+            r, t = rows[i:i + _SCORED_ROWS_AT_ONCE], targets[i:i + _SCORED_ROWS_AT_ONCE]
+            logprobs = torch.log_softmax(logits_of(r).float(), dim=-1)
+            out.append(logprobs.gather(1, t[:, None]).squeeze(1))
+        return torch.cat(out)
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, b: DecoderBatch,
-                started: torch.cuda.Event | None = None) -> StepOutput:
+                started: torch.cuda.Event | None = None,
+                input_logprobs: torch.Tensor | None = None) -> StepOutput:
         """b.sampling None means plain greedy for every request: the argmax is the answer."""
         if b.sampling is None:
             out = StepOutput(greedy if greedy is not None else self.sampler.greedy(logits))
@@ -161,5 +181,5 @@ class ModelRunner:
             if b.sampling.beam_moves is not None:  # the beams the device chose continue
                 move_pages(self.req_to_token_pool.req_to_token, self.token_to_kv_pool,
                            b.sampling.beam_moves, out.beam_parents)
-        out.logits, out.started = logits, started
+        out.logits, out.started, out.input_logprobs = logits, started, input_logprobs
         return out

@@ -33,6 +33,8 @@ class StepOutput:
     # rows' tokens are in next_token_ids): each beam row's parent row and running score
     beam_parents: torch.Tensor | None = None  # [beam rows] int64, batch rows
     beam_running_scores: torch.Tensor | None = None  # [beam rows] float32, stays on the device
+    # EXTEND: log-probs of the scored decoder input tokens (`DecoderBatch.input_logprobs`)
+    input_logprobs: torch.Tensor | None = None  # [n] float32
     # the sampled rows' logits [B, vocab], as computed (a CUDA graph's are its output buffer:
     # valid until the next forward)
     logits: torch.Tensor | None = field(default=None, repr=False)
@@ -42,6 +44,7 @@ class StepOutput:
     top: list[list[tuple[int, float]]] | None = None
     beam_candidates: tuple[list[float], list[int]] | None = None
     beam_parent_rows: list[int] | None = None
+    input_token_logprobs: list[float] | None = None
     device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
     _host: tuple = field(default=(), repr=False)
     _event: torch.cuda.Event | None = field(default=None, repr=False)
@@ -49,7 +52,7 @@ class StepOutput:
 
     def _tensors(self) -> tuple:
         return (self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs,
-                self.beam_values, self.beam_ids, self.beam_parents)
+                self.beam_values, self.beam_ids, self.beam_parents, self.input_logprobs)
 
     def copy_to_host(self) -> StepOutput:
         """Queue the copy. With a `started` event (the model runner records one just before
@@ -75,8 +78,8 @@ class StepOutput:
             self._event.synchronize()
             if self.started is not None:
                 self.device_seconds = self.started.elapsed_time(self._event) / 1e3
-        ids, logprobs, top_ids, top_vals, beam_values, beam_ids, parents = (self._host or
-                                                                              self._tensors())
+        (ids, logprobs, top_ids, top_vals, beam_values, beam_ids, parents,
+         input_logprobs) = self._host or self._tensors()
         self.token_ids = ids.tolist()
         if logprobs is not None:
             self.token_logprobs = logprobs.tolist()
@@ -86,6 +89,8 @@ class StepOutput:
             self.beam_candidates = beam_values.tolist(), beam_ids.tolist()
         if parents is not None:
             self.beam_parent_rows = parents.tolist()
+        if input_logprobs is not None:
+            self.input_token_logprobs = input_logprobs.tolist()
         return self
 
 

@@ -33,10 +33,20 @@ class DecoderBatch:
     # decode with the overlap scheduler: the input tokens, still on the device (sampled by the
     # step before, not yet seen by the host); replaces inputs.input_ids
     input_ids_device: torch.Tensor | None = None
+    input_logprobs: InputLogprobRows | None = None  # EXTEND: decoder inputs to score
 
     @property
     def batch_size(self) -> int:
         return self.inputs.batch_size
+
+
+@dataclass
+class InputLogprobRows:
+    """Which of an EXTEND batch's new tokens to score: the log-prob of `targets[i]` under the
+    logits of new token `rows[i]` (the token before it), in float32."""
+
+    rows: torch.Tensor  # [n] int64: indices into the batch's new tokens
+    targets: torch.Tensor  # [n] int64: the token ids scored
 
 
 @dataclass

@@ -84,16 +84,21 @@ class Seq2SeqEngine:
                  decoder_input_ids: list[int] | list[list[int]] | None = None,
                  stream: bool = False, return_logprob: bool = False,
                  top_logprobs_num: int = 0, rid: str | list[str] | None = None,
-                 image_data: Any = None, user: str | None = None):
+                 image_data: Any = None, user: str | None = None,
+                 logprob_start_len: int | None = None):
         """`image_data` (vision models) is aligned with the prompts: for each, one image or a
         list (empty for text-only); an image is a path, bytes, base64, a data URL or a PIL
-        image."""
+        image. With `return_logprob` and `logprob_start_len` k, meta_info also has
+        "input_token_logprobs": (log-prob, id) of the decoder input from position k on (the
+        decoder start token, or a decoder-only prompt's first token, is position 0 and has no
+        log-prob: None); max_new_tokens 0 scores without generating."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
-                               image_data=image_data, user=user)
+                               image_data=image_data, user=user,
+                               logprob_start_len=logprob_start_len)
         if stream:
             return self._sync_iter(self.tokenizer_manager.generate(obj))
         results = self._call(_collect(self.tokenizer_manager.generate(obj)))
@@ -105,14 +110,16 @@ class Seq2SeqEngine:
                              decoder_input_ids: list[int] | list[list[int]] | None = None,
                              stream: bool = False, return_logprob: bool = False,
                              top_logprobs_num: int = 0, rid: str | list[str] | None = None,
-                             image_data: Any = None, user: str | None = None):
+                             image_data: Any = None, user: str | None = None,
+                             logprob_start_len: int | None = None):
         """Like `generate`, from async code. With stream=True it returns an async iterator."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
-                               image_data=image_data, user=user)
+                               image_data=image_data, user=user,
+                               logprob_start_len=logprob_start_len)
         if stream:
             return self._async_iter(self.tokenizer_manager.generate(obj))
         results = await self._acall(_collect(self.tokenizer_manager.generate(obj)))
@@ -152,6 +159,18 @@ class Seq2SeqEngine:
         return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
                              image_data=prompt.get("image_data") or None,
                              sampling_params=sampling_params, stream=stream, user=user)
+
+    def tokenize(self, text: str | list[str], add_special_tokens: bool = True):
+        """Token ids of a text (a list for a list) as generate would see it as a prompt, or,
+        without special tokens, as a continuation of one (`POST /tokenize`)."""
+        ids = self.tokenizer_manager.tokenize_texts(text if isinstance(text, list) else [text],
+                                                    add_special_tokens)
+        return ids if isinstance(text, list) else ids[0]
+
+    def model_info(self) -> dict[str, Any]:
+        """Where prompts go, the decoder start token, the image token, the chat role markers
+        (`GET /get_model_info`)."""
+        return self.tokenizer_manager.model_info()
 
     # --- operations --------------------------------------------------------------------------
     def check_integrity(self) -> dict[str, Any]:

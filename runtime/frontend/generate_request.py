@@ -19,6 +19,10 @@ class GenerateReqInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # with return_logprob: also score the decoder input from this position on (the decoder
+    # start token of an encoder-decoder model, or a decoder-only prompt's first token, is
+    # position 0); None or -1: only the generated tokens (SGLang's default)
+    logprob_start_len: int | None = None
     rid: str | list[str] | None = None
     # images of each prompt (vision models): one image or a list per prompt
     image_data: Any = None
@@ -76,6 +80,13 @@ class GenerateReqInput:
             raise ValueError("return_logprob must be a boolean")
         if not _is_int(self.top_logprobs_num) or not 0 <= self.top_logprobs_num <= 20:
             raise ValueError("top_logprobs_num must be an integer in [0, 20]")
+        if self.logprob_start_len == -1:
+            self.logprob_start_len = None
+        if self.logprob_start_len is not None:
+            if not _is_int(self.logprob_start_len) or self.logprob_start_len < 0:
+                raise ValueError("logprob_start_len must be an integer >= 0 (or -1: none)")
+            if not self.return_logprob:
+                raise ValueError("logprob_start_len needs return_logprob")
         return is_batch, items
 
 

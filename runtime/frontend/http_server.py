@@ -35,6 +35,7 @@ from seq2serve.runtime.frontend.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    TokenizeRequest,
     TranslationRequest,
 )
 from seq2serve.runtime.frontend.openai_serving import (
@@ -127,6 +128,19 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     @app.post("/v1/translations")
     async def translations(body: TranslationRequest, request: Request):
         return await serving.translations(body, request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        serving.check_model(body.model)
+        texts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+        ids = tm.tokenize_texts(texts, body.add_special_tokens)
+        if isinstance(body.prompt, list):
+            return {"tokens": ids, "count": [len(t) for t in ids]}
+        return {"tokens": ids[0], "count": len(ids[0])}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return tm.model_info()
 
     @app.post("/abort_request")
     async def abort_request(body: AbortBody):

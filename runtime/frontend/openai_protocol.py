@@ -98,6 +98,8 @@ class GenerateRequest(_Body):
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    # with return_logprob: meta_info.input_token_logprobs from this decoder position on
+    logprob_start_len: int | None = Field(default=None, ge=-1)
     rid: str | list[str] | None = None
     image_data: Any = None  # per prompt: an image (data URL / base64) or a list of them
     user: str | None = None
@@ -118,6 +120,15 @@ class TranslationRequest(_Body):
     num_beams: int | None = None
     length_penalty: float | None = None
     no_repeat_ngram_size: int | None = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize body; `prompt` may also be a list (then lists come back)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | list[str]
+    add_special_tokens: bool = True
 
 
 class AbortBody(_Body):

@@ -46,6 +46,35 @@ def chat_prompt(tokenizer, messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"text": "\n".join(_plain(m["content"]) for m in rendered)}
 
 
+ROLES = ("system", "user", "assistant")
+_PLAIN_ROLE = ("", "\n")  # no template: a message is its text on a line of its own
+_MARK = "\x00seq2serve-content\x00"
+
+
+def role_markers(tokenizer) -> dict[str, tuple[str, str]]:
+    """Each role's text before and after a message's content, as the tokenizer's chat template
+    writes a message that follows a user turn (so without the template's BOS). Without a
+    template, or for a role the template refuses or shapes otherwise: ("", "\n"), the plain
+    join of `chat_prompt`."""
+    template = getattr(tokenizer, "chat_template", None)
+    markers = {}
+    for role in ROLES:
+        markers[role] = _PLAIN_ROLE
+        if not template:
+            continue
+        try:
+            first = [{"role": "user", "content": "hi"}]
+            before = tokenizer.apply_chat_template(first, tokenize=False)
+            after = tokenizer.apply_chat_template(first + [{"role": role, "content": _MARK}],
+                                                  tokenize=False)
+        except Exception:  # noqa: BLE001 - a template may raise on role order: plain then
+            continue
+        if after.startswith(before) and after.count(_MARK) == 1:
+            begin, end = after[len(before):].split(_MARK)
+            markers[role] = (begin, end)
+    return markers
+
+
 def _parts(content: Any, i: int, images: list) -> str | list[dict[str, Any]]:
     """Normalize a message's content; image parts become {"type": "image"} placeholders."""
     if isinstance(content, str):

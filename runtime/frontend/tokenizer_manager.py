@@ -30,6 +30,7 @@ from seq2serve.runtime.frontend.generate_request import (
     results_per_prompt,
 )
 from seq2serve.runtime.frontend.languages import TranslationLanguages
+from seq2serve.runtime.frontend.prompts import role_markers
 from seq2serve.runtime.memory.host_memory import release_freed_memory
 from seq2serve.runtime.messages.io_struct import (
     AbortRequest,
@@ -58,6 +59,8 @@ class _ReqState:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    scored_ids: list[int] | None = None  # the decoder input from logprob_start_len on
+    input_logprobs: list[float | None] | None = None
     created: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     last_token: float | None = None
@@ -144,10 +147,14 @@ class TokenizerManager:
                 spans = cross_spans(dec, self.info["image_token_id"],
                                     [img.num_tokens for img in images])
             self._check_lengths(enc, dec, sp, sum(img.num_tokens for img in images))
+            k = obj.logprob_start_len
+            if k is not None and k > len(dec):
+                raise ValueError(f"logprob_start_len {k} is past the decoder input's "
+                                 f"{len(dec)} tokens")
             base_rid = item["rid"] or uuid.uuid4().hex
             common = dict(encoder_input_ids=enc, decoder_input_ids=dec, stream=obj.stream,
                           return_logprob=obj.return_logprob,
-                          top_logprobs_num=obj.top_logprobs_num,
+                          top_logprobs_num=obj.top_logprobs_num, logprob_start_len=k,
                           encoder_key=self._encoder_key(enc) if enc else None,
                           encoder_inputs=images, cross_spans=spans, user=obj.user, group=group,
                           decoder_forced=forced)
@@ -168,6 +175,34 @@ class TokenizerManager:
         if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")
         return is_batch or len(rids) > 1, reqs
+
+    def tokenize_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Each text's token ids: as a prompt (the special tokens generate adds, Mllama's BOS
+        placement included), or, without special tokens, as a continuation of one."""
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("texts must be a list of strings")
+        if add_special_tokens:
+            return [self._prompt_ids(t) for t in texts]
+        for t in texts:
+            problem = invalid_text(t, "text")
+            if problem:
+                raise ValueError(problem)
+        return [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+    def model_info(self) -> dict[str, Any]:
+        """What a client needs to build prompts and scoring requests (`/get_model_info`, the
+        frontend language): where prompts go, the decoder's start token, the image token and
+        each chat role's markers."""
+        image_id = self.info.get("image_token_id")
+        return {
+            "model_path": self.model_id,
+            "architecture": self.info["architecture"],
+            "is_encoder_decoder": self.is_encoder_decoder,
+            "decoder_start_token_id": self.info.get("decoder_start_token_id"),
+            "image_token": (None if image_id is None
+                            else self.tokenizer.convert_ids_to_tokens(image_id)),
+            "chat_roles": role_markers(self.tokenizer),
+        }
 
     def _images(self, per_prompt: list[list]) -> list[list[ImageFeatures]]:
         """Every prompt's images, decoded and preprocessed concurrently (all prompts at once)."""
@@ -289,6 +324,9 @@ class TokenizerManager:
         if any(rid in self.states for rid in rids):
             raise ValueError("rid must be unique among running requests")
         states = [_ReqState(rid=rid, index=i) for i, rid in enumerate(rids)]
+        for s, r in zip(states, reqs):  # (scoring refuses beams: one result per request)
+            if r.logprob_start_len is not None:
+                s.scored_ids = r.decoder_input_ids[r.logprob_start_len:]
         for s in states:
             self.states[s.rid] = s
         sent: list[TokenizedRequest] = []  # as sent (images by their PixelStore files)
@@ -344,6 +382,8 @@ class TokenizerManager:
             s.logprobs += out.new_logprobs
         if out.new_top_logprobs:
             s.top_logprobs += out.new_top_logprobs
+        if out.input_logprobs is not None:
+            s.input_logprobs = out.input_logprobs
         s.finished = out.finished_reason is not None
         return out
 
@@ -411,6 +451,8 @@ class TokenizerManager:
         if logprob and s.finished:
             meta["output_token_logprobs"] = list(zip(s.logprobs, s.output_ids))
             meta["output_top_logprobs"] = list(s.top_logprobs)
+            if s.scored_ids is not None and s.input_logprobs is not None:
+                meta["input_token_logprobs"] = list(zip(s.input_logprobs, s.scored_ids))
         return meta
 
     async def abort(self, rid: str) -> None:

@@ -20,6 +20,8 @@ class TokenizedRequest:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # score the decoder input from this position on (its log-probs come back once); None: no
+    logprob_start_len: int | None = None
     encoder_key: str | None = None
     # the model's own encoder inputs besides text (Mllama: its images), in order
     encoder_inputs: list[EncoderPayload] = field(default_factory=list)
@@ -84,6 +86,9 @@ class TokenOutput:
     cache_hits: dict[str, int] | None = None
     new_logprobs: list[float] | None = None
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
+    # log-probs of the decoder input from logprob_start_len on (None at position 0): on the
+    # request's first output
+    input_logprobs: list[float | None] | None = None
     error: str | None = None  # set when the scheduler refused the request (bad input)
     # what the detokenizer needs to know about the request: on its first output only (the
     # detokenizer keeps it until the request finishes)

@@ -39,6 +39,7 @@ class Req:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int | None = None  # score the decoder input from this position on
     encoder_key: str | None = None  # identifies the encoder input (for the encoder cache)
     encoder_inputs: list[EncoderPayload] = field(default_factory=list)  # besides text
     cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
@@ -62,6 +63,8 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # the decoder input's log-probs from logprob_start_len on, set by its first extend
+    input_logprobs: list[float | None] | None = None
     finished_reason: FinishReason | None = None
     num_retractions: int = 0
     fair_tag: int = 0  # admission order across callers (policy.FairPolicy)
@@ -84,6 +87,19 @@ class Req:
     def fill_ids(self) -> list[int]:
         """Every decoder token: the prompt followed by what has been generated."""
         return self.decoder_input_ids + self.output_ids
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.logprob_start_len is not None and self.input_logprobs is None
+
+    @property
+    def max_cached_prefix(self) -> int:
+        """Decoder tokens a cached prefix may cover: all but the last (its logits are needed),
+        and, while its input is still to be scored, none from the one before the first scored
+        token on (each token's log-prob comes from the logits of the token before it)."""
+        if self.wants_input_logprobs:
+            return max(0, min(self.seq_len, self.logprob_start_len) - 1)
+        return self.seq_len - 1
 
     @property
     def seq_len(self) -> int:

@@ -65,7 +65,7 @@ class RequestMemory:
             if jobs is None:
                 return None
         # the decoder prefix: at least the last token is computed, for its logits
-        match = self.radix.match_prefix(req.namespace, req.fill_ids[: req.seq_len - 1],
+        match = self.radix.match_prefix(req.namespace, req.fill_ids[: req.max_cached_prefix],
                                         req.user)
         pages, node = match.pages, match.node
         self.radix.lock(node)

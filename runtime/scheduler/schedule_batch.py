@@ -13,7 +13,7 @@ import torch
 from seq2serve.encoders.encoder_input import span_at
 from seq2serve.runtime.attention.forward_batch import DecoderInputs, ForwardMode
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
-from seq2serve.runtime.executor.worker_batch import DecoderBatch
+from seq2serve.runtime.executor.worker_batch import DecoderBatch, InputLogprobRows
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 
@@ -24,6 +24,8 @@ class ScheduleBatch:
     reqs: list[Req]
     worker_batch: DecoderBatch
     beam_groups: list = field(default_factory=list)  # in the sampler's candidate order
+    # requests whose decoder input this EXTEND scores, and how many log-probs each gets
+    scored: list[tuple[Req, int]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
@@ -36,8 +38,16 @@ class ScheduleBatch:
         and everything a retracted request had). The caller has made sure the pool has room
         (admission). Decode steps take `decode_batch`, the per-step fast path."""
         ids, positions, locs, extend_lens, new = [], [], [], [], []
+        rows, targets, scored = [], [], []
         for r in reqs:
             start, end = r.kv_len, r.seq_len
+            if r.wants_input_logprobs:  # token p is scored by the logits of token p - 1
+                first = max(r.logprob_start_len, 1)
+                assert first > start or first >= end, "a scored token's logits were cached"
+                offset = len(ids) - start
+                rows += [offset + p - 1 for p in range(first, end)]
+                targets += r.fill_ids[first:end]
+                scored.append((r, max(0, end - first)))
             new.append((start, end))
             slots = memory.alloc_tokens(r, end)
             assert slots is not None, "scheduler admitted a request the KV pool cannot hold"
@@ -59,7 +69,10 @@ class ScheduleBatch:
             extend_lens=extend_lens,
             encoder_lens=[r.encoder_len for r in reqs],
         ), sampling)
-        return cls(ForwardMode.EXTEND, reqs, wb)
+        if rows:
+            wb.input_logprobs = InputLogprobRows(torch.tensor(rows, dtype=torch.int64),
+                                                 torch.tensor(targets, dtype=torch.int64))
+        return cls(ForwardMode.EXTEND, reqs, wb, scored=scored)
 
 
 def decode_batch(reqs: list[Req], memory: RequestMemory,

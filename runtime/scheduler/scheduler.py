@@ -155,11 +155,16 @@ class Scheduler:
             raise ValueError("this model takes no encoder inputs besides text")
         if sp.is_beam:
             self._check_beam_request(tr)
+        k = tr.logprob_start_len
+        if k is not None and not (tr.return_logprob and 0 <= k <= len(tr.decoder_input_ids)):
+            raise ValueError(f"logprob_start_len {k} needs return_logprob and a value in [0, "
+                             f"{len(tr.decoder_input_ids)}] (the decoder input's length)")
         req = Req(
             rid=tr.rid, encoder_input_ids=list(tr.encoder_input_ids),
             decoder_input_ids=list(tr.decoder_input_ids), sampling_params=sp,
             stream=tr.stream, return_logprob=tr.return_logprob,
-            top_logprobs_num=tr.top_logprobs_num, encoder_key=tr.encoder_key,
+            top_logprobs_num=tr.top_logprobs_num, logprob_start_len=k,
+            encoder_key=tr.encoder_key,
             encoder_inputs=list(tr.encoder_inputs), cross_spans=tr.cross_spans, user=tr.user,
             beam_rids=list(tr.beam_rids) if tr.beam_rids else None,
         )
@@ -458,9 +463,14 @@ class Scheduler:
         outputs = []
         now = time.monotonic()
         ids = result.token_ids
+        if batch.scored:
+            _hand_out_input_logprobs(batch.scored, result.input_token_logprobs)
         for i, req in enumerate(batch.reqs):
             if req.finished or req.beam is not None:  # finished (or aborted) while this step
                 continue  # was in flight; beam rows advance by group, below
+            if req.sampling_params.max_new_tokens == 0:  # scored only: nothing is generated
+                outputs.append(self._finish_unsampled(req, now))
+                continue
             token = ids[i]
             req.output_ids.append(token)
             if req.first_token_time is None:
@@ -489,6 +499,16 @@ class Scheduler:
         if batch.beam_groups:
             outputs += self._beam_steps(batch.beam_groups, result, now)
         return outputs
+
+    def _finish_unsampled(self, req: Req, now: float) -> TokenOutput:
+        """A request with max_new_tokens 0 after its extend (its input scored, if asked)."""
+        req.finished_reason = FinishReason("length")
+        req.first_token_time = req.finish_time = now
+        kv_bytes = self._kv_bytes(req, len(req.kv_pages))
+        self.memory.finish(req)
+        out = self._output(req, [])
+        out.extra["kv_bytes"] = kv_bytes
+        return out
 
     def _beam_steps(self, groups: list[BeamGroup], result: StepOutput,
                     now: float) -> list[TokenOutput]:
@@ -572,6 +592,7 @@ class Scheduler:
             out.cache_hits = _cache_hits(req)
         if not req.announced:  # the detokenizer keeps these from the first output on
             req.announced = True
+            out.input_logprobs = req.input_logprobs
             sp = req.sampling_params
             out.detokenize = DetokenizeSettings(tuple(sp.stop), sp.skip_special_tokens)
         if req.finish_time is not None and req.first_token_time is not None:
@@ -595,6 +616,8 @@ class Scheduler:
             "encoder_seconds": self.encoder_stage.seconds,
             "forwards": sum(self.forwards.values()),
             "max_batch_size": self.max_batch.get(ForwardMode.DECODE.value, 0),
+            # per forward mode (extend, decode, encode): forwards run, largest batch
+            "forwards_by_mode": dict(self.forwards), "max_batch_by_mode": dict(self.max_batch),
             "retractions": self.num_retractions,
             "host_wait_seconds": self.wait_seconds,
             "device_busy_seconds": self.device_seconds,
@@ -612,3 +635,12 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Every slot of every pool is free or owned by a live request (AssertionError if not)."""
         self.memory.check(list(self.running) + list(self.waiting))
+
+
+def _hand_out_input_logprobs(scored: list[tuple[Req, int]], values: list[float]) -> None:
+    """Each scored request's share of an EXTEND's input log-probs (None for position 0)."""
+    start = 0
+    for req, count in scored:
+        head: list[float | None] = [None] if req.logprob_start_len == 0 else []
+        req.input_logprobs = head + (values or [])[start:start + count]
+        start += count
