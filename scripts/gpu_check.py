@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = Path(os.environ.get("OUT") or "/tmp/gpu_check")
-SHAPES = ["mt5-large", "flan-t5-xl", "llama-3.2-1b", "mllama-11b"]
+SHAPES = ["mt5-large", "flan-t5-xl", "llama-3.2-1b", "mllama-11b", "nllb-200-distilled-600m"]
 NEW_TOKENS = 16
 
 
@@ -55,7 +55,8 @@ def check_tests() -> bool:
         code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
                                 "no:cacheprovider", *workers, "--durations=10",
                                 "tests/test_gpu.py",
-                                "tests/test_triton_kernels.py", "tests/test_triton_ops.py"],
+                                "tests/test_triton_kernels.py", "tests/test_triton_ops.py",
+                                "tests/test_scoring.py"],
                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
     summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or
