@@ -52,7 +52,7 @@ def _both_ways(sched, requests: list[TokenizedRequest]) -> tuple[torch.Tensor, t
     return extend, as_rows
 
 
-@pytest.mark.parametrize("backend", ["torch_native", "triton"])
+@pytest.mark.parametrize("backend", ["torch_native", "torch_batched", "triton"])
 def test_t5_prefill_as_rows_with_a_cached_prefix(t5_dir, backend):
     sched = make_scheduler(t5_dir, attention_backend=backend, page_size=4)
     prefix = [0, 644, 19, 3, 9, 1566, 12, 5, 37]
@@ -68,7 +68,7 @@ def test_t5_prefill_as_rows_with_a_cached_prefix(t5_dir, backend):
     sched.check_integrity()
 
 
-@pytest.mark.parametrize("backend", ["torch_native", "triton"])
+@pytest.mark.parametrize("backend", ["torch_native", "torch_batched", "triton"])
 def test_llama_prefill_as_rows_with_a_shared_prefix(tmp_path, backend):
     path = str(write_llama_checkpoint(tmp_path / "llama", init_scale=10.0))
     sched = make_scheduler(path, attention_backend=backend, page_size=4)
@@ -84,7 +84,7 @@ def test_llama_prefill_as_rows_with_a_shared_prefix(tmp_path, backend):
     torch.testing.assert_close(rows, extend, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["torch_native", "triton"])
+@pytest.mark.parametrize("backend", ["torch_native", "torch_batched", "triton"])
 def test_mllama_prefill_as_rows_with_image_groups(tmp_path, backend):
     path = str(write_mllama_checkpoint(tmp_path / "mllama", seed=3))
     sched = make_scheduler(path, attention_backend=backend)

@@ -8,6 +8,7 @@ from seq2serve.runtime.attention.base import AttentionBackend, AttentionKind
 
 _BACKENDS = {
     "torch_native": ("seq2serve.runtime.attention.torch_native", "TorchNativeBackend"),
+    "torch_batched": ("seq2serve.runtime.attention.torch_batched", "TorchBatchedBackend"),
     "triton": ("seq2serve.runtime.attention.triton_backend", "TritonBackend"),
 }
 

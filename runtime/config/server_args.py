@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("torch_native", "triton")
+ATTENTION_BACKENDS = ("torch_batched", "torch_native", "triton")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ServerArgs:
     load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
     device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
     dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
-    attention_backend: str | None = None  # triton or torch_native (unset: triton on CUDA)
+    attention_backend: str | None = None  # unset: triton on CUDA, torch_batched on CPU
     page_size: int = 16  # decoder and encoder tokens per KV page
     mem_fraction: float = 0.85  # share of free device memory for weights + pools
     cross_kv_fraction: float | None = None  # pool budget share for cross K/V (unset: by size)
@@ -170,4 +170,4 @@ class ServerArgs:
     def resolved_attention_backend(self, device: str) -> str:
         if self.attention_backend is not None:
             return self.attention_backend
-        return "triton" if device.startswith("cuda") else "torch_native"
+        return "triton" if device.startswith("cuda") else "torch_batched"
