@@ -114,6 +114,18 @@ def test_beams_match_hf_mixed_with_greedy_and_sampled_requests(beam_t5):
         assert got[f"greedy{c}"][0] == run_to_completion(alone)["g"]
 
 
+def run_counting_steps_ahead(sched) -> tuple[dict, int]:
+    """Run to the end: rid -> (tokens, beam score), and how many beam steps were launched
+    before the host had read the step before (the overlap schedule)."""
+    ahead, got = 0, {}
+    while sched.has_work:
+        for o in sched.step():
+            got[o.rid] = (o.new_token_ids, o.extra.get("beam_score"))
+        ahead += sched.in_flight is not None and bool(sched.in_flight.batch.beam_groups)
+        sched.check_integrity()
+    return got, ahead
+
+
 def test_beam_steps_run_a_step_ahead_of_the_host(beam_t5):
     """Past its first step a beam group's beams are chosen on the device, so the next step is
     launched before the host has read this one (the overlap schedule): the same hypotheses
@@ -131,12 +143,7 @@ def test_beam_steps_run_a_step_ahead_of_the_host(beam_t5):
                     expected[f"c{c}s{s}"] = hf_beams(beam_t5, ids, *case)
             sched.add_request(request(f"sampled{c}", sources[c], max_new_tokens=MAX_NEW,
                                       temperature=0.8, seed=c))
-        ahead, got = 0, {}
-        while sched.has_work:
-            for o in sched.step():
-                got[o.rid] = (o.new_token_ids, o.extra.get("beam_score"))
-            ahead += sched.in_flight is not None and bool(sched.in_flight.batch.beam_groups)
-            sched.check_integrity()
+        got, ahead = run_counting_steps_ahead(sched)
         assert (ahead > 0) == overlap, ahead
         results.append(got)
     assert results[0] == results[1]

@@ -236,7 +236,12 @@ def test_beam_steps_ahead_of_the_host_on_the_gpu(t5_checkpoints):
     a step ahead of the host (the overlap schedule; no n-gram bans or penalties here, which
     would turn it off): HF's hypotheses in float32, and in bf16 the same tokens as without
     the overlap schedule, graphs on."""
-    from seq2serve.tests.test_beam_search import CASES, beam_request, hf_beams
+    from seq2serve.tests.test_beam_search import (
+        CASES,
+        beam_request,
+        hf_beams,
+        run_counting_steps_ahead,
+    )
 
     path = t5_checkpoints["t5_relu_untied"]
     tok = load_tokenizer(path)
@@ -249,13 +254,7 @@ def test_beam_steps_ahead_of_the_host_on_the_gpu(t5_checkpoints):
             for s, ids in enumerate(sources):
                 sched.add_request(beam_request(f"c{c}s{s}", ids, *case))
             sched.add_request(request(f"g{c}", sources[c], max_new_tokens=10))
-        ahead, got = 0, {}
-        while sched.has_work:
-            for o in sched.step():
-                got[o.rid] = (o.new_token_ids, o.extra.get("beam_score"))
-            ahead += sched.in_flight is not None and bool(sched.in_flight.batch.beam_groups)
-            sched.check_integrity()
-        return got, ahead
+        return run_counting_steps_ahead(sched)
 
     got, ahead = beams(dtype="float32")
     assert ahead > 0
