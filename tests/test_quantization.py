@@ -76,10 +76,11 @@ def test_int8_linear_is_the_dequantized_product(dtype, with_bias):
 
 
 def test_fp8_linear_is_the_product_of_the_quantized_operands():
-    w = _weights(32, 64, 4)
+    """(torch._scaled_mm: on the CPU here, CUTLASS's row-wise kernel on an sm_89+ GPU.)"""
+    w = _weights(32, 64, 4).to(DEVICE)
     q, scale = quantize_rows(w, "fp8")
-    x = torch.randn(7, 64, dtype=torch.bfloat16) * 5
-    b = torch.randn(32, dtype=torch.bfloat16)
+    x = torch.randn(7, 64, dtype=torch.bfloat16).to(DEVICE) * 5
+    b = torch.randn(32, dtype=torch.bfloat16).to(DEVICE)
     xq, xs = quantize_tokens(x)
     ref = (xq.float() * xs) @ (q.float() * scale[:, None]).T + b.float()
     out = fp8_linear(x, q, scale, b)
