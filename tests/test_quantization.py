@@ -111,6 +111,7 @@ def test_gemv_reads_8bit_weights(method, m, n, k, block_n, block_k):
     norm = RMSNorm(k, 1e-6).to(DEVICE)
     norm.weight.data = torch.rand(k, generator=g).to(DEVICE) + 0.5
     out, summed = norm_gemv(x, norm.weight, norm.eps, q, None, res, **blocks)
+    torch.testing.assert_close(summed, x + res)
     torch.testing.assert_close(out, F.linear(norm(x + res), deq), atol=1e-3, rtol=1e-4)
     gate_up = torch.randn(m, 2 * k, generator=g).to(DEVICE)
     act = F.silu(gate_up[:, :k]) * gate_up[:, k:]
@@ -271,9 +272,10 @@ def _dequantized_copy(src, dst, method: str):
 
 
 def test_int8_llama_greedy_matches_hf_on_dequantized_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
     from seq2serve import Seq2SeqEngine
     from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
-    from transformers import AutoModelForCausalLM
 
     src = write_llama_checkpoint(tmp_path / "l", seed=2, init_scale=10.0)
     deq = _dequantized_copy(src, tmp_path / "deq", "int8")
