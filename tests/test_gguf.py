@@ -325,5 +325,6 @@ def test_smollm2_int8_keeps_next_token_agreement(smollm2_cached):
 
     r = measure(str(smollm2_cached), "int8", num_prompts=200, max_new_tokens=4, device="cpu",
                 max_total_tokens=8192)
+    print(f"SmolLM2-135M int8 vs float32: {r}")  # (the figure docs/quantization.md quotes)
     assert r["prompts"] == 200
     assert r["next_token_agreement"] >= 0.97, r
