@@ -1,6 +1,8 @@
 """Build a model on the meta device and fill it from a local Hugging Face safetensors directory
 (single file or sharded with model.safetensors.index.json). Every parameter must be filled and
-every tensor must be known: either mismatch is an error naming the tensor."""
+every tensor must be known: either mismatch is an error naming the tensor. Linear weights may
+be quantized after loading (models/quantization.py) or come quantized (FP8 checkpoints,
+models/fp8_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from seq2serve.models import registry
+from seq2serve.models import fp8_checkpoint, registry
 from seq2serve.models.ops import TorchOps, ops_for, use_ops
+from seq2serve.models.quantization import check_supported, dequantize_model, quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +46,16 @@ def checkpoint_files(model_dir: str) -> list[str]:
 
 
 def load_model(model_config, device: str, dtype: torch.dtype,
-               load_format: str = "safetensors", ops: TorchOps | None = None) -> nn.Module:
+               load_format: str = "safetensors", ops: TorchOps | None = None,
+               quantization: str | None = None, quantize_lm_head: bool = False) -> nn.Module:
     """Build the model and fill it: from the checkpoint, or with random values of sane scale
     (load_format "dummy": benchmarks of real shapes without weights on disk). Its layers
     compute through `ops` (models/ops.py), by default the device's: chosen here, once, and
-    warmed for the model's weight shapes."""
+    warmed for the model's weight shapes. `quantization` ("int8", "fp8") turns the linear
+    layers' weights 8-bit after loading (ValueError where the device cannot run it). An FP8
+    checkpoint stays FP8 where the device runs fp8 (unless int8 is asked for), else is
+    dequantized to `dtype`."""
+    check_supported(quantization, device)
     cls = registry.model_class(model_config.architecture)
     if load_format == "safetensors":
         files = checkpoint_files(model_config.model_path)  # fail before allocating anything
@@ -59,13 +67,37 @@ def load_model(model_config, device: str, dtype: torch.dtype,
     if load_format == "dummy":
         _random_weights(model)
     else:
-        load_weights(model, files)
+        quantization = _load_checkpoint(model, model_config.model_path, files, device, dtype,
+                                        quantization)
+    if quantization is not None:
+        quantize_model(model, quantization, quantize_lm_head)
     if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
         model.init_buffers()
     ops = ops if ops is not None else ops_for(device)
     use_ops(model, ops)
     ops.warm(model)  # kernels tuned for its weight shapes now, not at a request
     return model.eval()
+
+
+def _load_checkpoint(model: nn.Module, model_dir: str, files: list[str], device: str,
+                     dtype: torch.dtype, quantization: str | None) -> str | None:
+    """Fill `model` from `files`, FP8 layers as they are stored; returns the quantization
+    still to apply."""
+    fp8_format = fp8_checkpoint.check_config(model_dir)
+    if fp8_format:
+        layers = fp8_checkpoint.prepare(model, fp8_checkpoint.fp8_weights(files), dtype)
+        logger.info("%s checkpoint: %d FP8 linear layers", fp8_format, layers)
+    load_weights(model, files)
+    if fp8_format and quantization != "fp8":
+        try:
+            check_supported("fp8", device)
+            if quantization is None:
+                return None  # served as stored, nothing else quantized
+        except ValueError as e:
+            if quantization is None:
+                logger.warning("FP8 checkpoint dequantized to %s: %s", dtype, e)
+        dequantize_model(model)
+    return quantization
 
 
 def load_weights(model: nn.Module, files: list[str]) -> None:
@@ -82,7 +114,7 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
             names = sorted(f.keys(), key=getattr(model, "load_priority", lambda _: 0))
             for name in tqdm(names, desc=f"Loading {os.path.basename(path)}", unit="tensor",
                              leave=False, disable=None):
-                targets = model.weight_map(name)
+                targets = fp8_checkpoint.targets(model, name, params)
                 if targets is None:
                     raise ValueError(f"unexpected tensor {name!r} in {path}")
                 tensor = f.get_tensor(name)
@@ -134,6 +166,8 @@ def _copy(param: torch.Tensor, sizes: list[int] | None, tensor: torch.Tensor,
         dst = param.data
     else:
         dst = param.data.narrow(0, sum(sizes[:shard]), sizes[shard])
+    if name.endswith(fp8_checkpoint.SCALE):  # one per row, or one per tensor repeated
+        tensor = fp8_checkpoint.fit_scale(tensor, dst.shape[0])
     if tuple(tensor.shape) != tuple(dst.shape):
         raise ValueError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "

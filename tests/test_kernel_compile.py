@@ -136,6 +136,24 @@ def _fused_ops_tour(dtype: torch.dtype) -> None:
         skinny_gemm(torch.randn(m, 64).to(dtype), w, b, block_n=16, block_k=32)
     for act in ("silu", "gelu_new"):
         gated_gemv(torch.randn(1, 128).to(dtype), act, w, **blocks)
+    _quantized_tour(dtype)
+
+
+def _quantized_tour(dtype: torch.dtype) -> None:
+    """The GEMV (plain, norm and gated prologues) and the skinny GEMM with int8 and FP8
+    weights and their per-channel scales (--quantization)."""
+    from seq2serve.models.quantized_weight import quantize_rows
+    from seq2serve.runtime.kernels.triton_gemv import gated_gemv, gemv, norm_gemv
+    from seq2serve.runtime.kernels.triton_skinny import skinny_gemm
+
+    blocks = dict(block_n=8, block_k=64)
+    for method in ("int8", "fp8"):
+        q, scale = quantize_rows(torch.randn(32, 64), method)
+        x, res, b, norm_w = (torch.randn(*s).to(dtype) for s in [(1, 64), (1, 64), (32,), (64,)])
+        gemv(x, q, b, w_scale=scale, **blocks)
+        norm_gemv(x, norm_w, 1e-6, q, None, res, w_scale=scale, **blocks)
+        gated_gemv(torch.randn(1, 128).to(dtype), "silu", q, w_scale=scale, **blocks)
+        skinny_gemm(torch.randn(4, 64).to(dtype), q, b, block_n=16, block_k=32, w_scale=scale)
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +210,15 @@ def compiled(launches) -> dict:
     return compile_launches(launches + [_counters_in_bf16(launches)])
 
 
+def _fp8(launch: dict) -> bool:
+    return any(a.get("tensor") == "float8_e4m3fn" for a in launch["args"])
+
+
 def test_every_launch_compiles_for_sm90_and_sm80(launches, compiled):
-    failures = [r for r in compiled["results"] if r["error"] and r["launch"] < len(launches)]
+    """(FP8 launches for sm_90 only: Ampere has no E4M3, and --quantization fp8 is refused
+    there, models/quantization.py.)"""
+    failures = [r for r in compiled["results"] if r["error"] and r["launch"] < len(launches)
+                and not (r["target"] == "sm_80" and _fp8(launches[r["launch"]]))]
     report = "\n\n".join(
         f"{r['kernel']} for {r['target']} ({r['variant']}), arguments "
         f"{[a.get('tensor', a.get('value')) for a in launches[r['launch']]['args']]}:\n"
@@ -202,6 +227,20 @@ def test_every_launch_compiles_for_sm90_and_sm80(launches, compiled):
     targets = {r["target"] for r in compiled["results"]}
     assert targets == {"sm_90", "sm_80"}
     assert compiled["compiled"] > 0
+
+
+def test_fp8_weights_compile_for_hopper_only(launches, compiled):
+    """Every FP8-weight launch (GEMV, skinny GEMM) compiles for sm_90; on sm_80 Triton has
+    no E4M3 type, which is why the runtime refuses fp8 below sm_89 with its own message."""
+    fp8 = {i for i, launch in enumerate(launches) if _fp8(launch)}
+    kernels = {launches[i]["kernel"].split(":")[1] for i in fp8}
+    assert {"_gemv_kernel", "_skinny_kernel"} <= kernels
+    by_target = defaultdict(list)
+    for r in compiled["results"]:
+        if r["launch"] in fp8:
+            by_target[r["target"]].append(r["error"])
+    assert by_target["sm_90"] and not any(by_target["sm_90"])
+    assert by_target["sm_80"] and all(by_target["sm_80"])
 
 
 def test_a_bf16_atomic_buffer_is_caught(launches, compiled):

@@ -131,6 +131,8 @@ class T5DecoderBlock(nn.Module):
 
 class T5ForConditionalGeneration(nn.Module):
     config_class = T5Config
+    # HF's `wo` (_keep_in_fp32_modules): its input's outliers defeat per-token FP8 scales
+    keep_in_model_dtype = ("ff.down",)
 
     def __init__(self, cfg: T5Config) -> None:
         super().__init__()

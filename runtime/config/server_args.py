@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch_batched", "torch_native", "triton")
+QUANTIZATIONS = ("int8", "fp8")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class ServerArgs:
     load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
     device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
     dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
+    quantization: str | None = None  # int8 (weight-only; CPU, GPU) or fp8 (E4M3; sm_89+ GPUs)
+    quantize_lm_head: bool = False  # with quantization: the LM head too (else the model dtype)
     attention_backend: str | None = None  # unset: triton on CUDA, torch_batched on CPU
     page_size: int = 16  # decoder and encoder tokens per KV page
     mem_fraction: float = 0.85  # share of free device memory for weights + pools
@@ -79,6 +82,9 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, "
+                             f"got {self.quantization!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"

@@ -92,8 +92,9 @@ def _chunk(acc, inverses, wt, kk, k_ok, rm, x, res, norm_w, M, K, stride_xm,
 
 
 @triton.jit
-def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_wn, stride_om,
-                 eps, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+def _gemv_kernel(x, w, w_scale, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_wn,
+                 stride_om, eps, HAS_BIAS: tl.constexpr, HAS_WSCALE: tl.constexpr,
+                 PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
                  ACT: tl.constexpr, M_PAD: tl.constexpr, ROW_BLOCK: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
@@ -121,6 +122,8 @@ def _gemv_kernel(x, w, b, out, norm_w, res, res_out, M, N, K, stride_xm, stride_
         wt = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _chunk(acc, inverses, wt, kk, k_ok, rm, x, res, norm_w, M, K, stride_xm,
                      PROLOGUE, HAS_RES, ACT, M_PAD)
+    if HAS_WSCALE:  # 8-bit weights: one float32 scale per output channel
+        acc *= tl.load(w_scale + rn, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(out + rm[:, None] * stride_om + rn[None, :], acc.to(out.dtype.element_ty),
@@ -131,13 +134,15 @@ _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw)
             for bn, bk, nw in [(2, 1024, 4), (4, 512, 4), (4, 1024, 4), (8, 256, 4),
                                (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
                                (32, 256, 8)]]
-_gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE"])(_gemv_kernel)
+_gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "M_PAD", "PROLOGUE", "HAS_WSCALE"])(
+    _gemv_kernel)
 
 
 def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | None,
             prologue: int, block_n: int | None, block_k: int | None, *,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            residual: torch.Tensor | None = None, act: str = "silu"):
+            residual: torch.Tensor | None = None, act: str = "silu",
+            w_scale: torch.Tensor | None = None):
     m = x.shape[0]
     n = weight.shape[0]
     if m > MAX_M or x.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1:
@@ -150,11 +155,13 @@ def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | 
         residual = residual.contiguous()
         res_out = torch.empty_like(x)
     unused = weight  # any tensor, for pointers a variant does not read
-    args = (x, weight, unused if bias is None else bias, out,
+    args = (x, weight, unused if w_scale is None else w_scale,
+            unused if bias is None else bias, out,
             unused if norm_weight is None else norm_weight,
             unused if residual is None else residual, unused if res_out is None else res_out,
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), eps)
-    meta = dict(HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_RES=residual is not None,
+    meta = dict(HAS_BIAS=bias is not None, HAS_WSCALE=w_scale is not None, PROLOGUE=prologue,
+                HAS_RES=residual is not None,
                 ACT=ACTIVATIONS[act], M_PAD=triton.next_power_of_2(m),
                 ROW_BLOCK=triton.next_power_of_2(k) if prologue == _NORM else 1,
                 PDL=pdl_enabled(),
@@ -169,28 +176,34 @@ def _launch(x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-         block_n: int | None = None, block_k: int | None = None) -> torch.Tensor:
+         block_n: int | None = None, block_k: int | None = None,
+         w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_M) times weight [N, K] transposed, plus bias [N]. Block sizes are
-    autotuned unless given (the CPU tests give them: the interpreter cannot time anything)."""
-    return _launch(x, x.shape[-1], weight, bias, _PLAIN, block_n, block_k)[0]
+    autotuned unless given (the CPU tests give them: the interpreter cannot time anything).
+    With `w_scale` [N] (float32) the weight is 8-bit (int8 or float8_e4m3fn, sm_89+) and
+    stands for weight * w_scale[:, None]: each row's products are scaled once at the end, so
+    the kernel reads half the bytes of a 16-bit weight."""
+    return _launch(x, x.shape[-1], weight, bias, _PLAIN, block_n, block_k, w_scale=w_scale)[0]
 
 
 def norm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
               bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
-              block_n: int | None = None, block_k: int | None = None):
+              block_n: int | None = None, block_k: int | None = None,
+              w_scale: torch.Tensor | None = None):
     """(rmsnorm(x + residual) @ weight.T + bias, x + residual): `triton_ops.rmsnorm` (same
-    rounding) and the GEMV in one kernel. Without `residual`, the second item is x itself."""
+    rounding) and the GEMV in one kernel. Without `residual`, the second item is x itself.
+    `w_scale`: an 8-bit weight's row scales, as in `gemv`."""
     out, summed = _launch(x, x.shape[-1], weight, bias, _NORM, block_n, block_k,
-                          norm_weight=norm_weight, eps=eps, residual=residual)
+                          norm_weight=norm_weight, eps=eps, residual=residual, w_scale=w_scale)
     return out, (x if summed is None else summed)
 
 
 def gated_gemv(gate_up: torch.Tensor, act: str, weight: torch.Tensor,
                bias: torch.Tensor | None = None, *, block_n: int | None = None,
-               block_k: int | None = None) -> torch.Tensor:
+               block_k: int | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """(act(gate) * up) @ weight.T + bias for gate_up = [gate | up]: `gated_activation` and
-    the GEMV in one kernel."""
+    the GEMV in one kernel. `w_scale`: an 8-bit weight's row scales, as in `gemv`."""
     if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
         raise ValueError(f"gated_gemv takes [gate | up] rows; got {tuple(gate_up.shape)}")
     return _launch(gate_up, gate_up.shape[-1] // 2, weight, bias, _GATED, block_n, block_k,
-                   act=act)[0]
+                   act=act, w_scale=w_scale)[0]
