@@ -108,12 +108,14 @@ class _Wire:
         self.tm, self.answer, self.sent = tm, answer, []
 
     def send_pyobj(self, msg) -> None:
-        self.sent.append(msg)
-        if self.answer and isinstance(msg, TokenizedRequest):
-            for j, rid in enumerate(msg.result_rids):
-                self.tm.states[rid].queue.put_nowait(TokenOutput(
-                    rid=rid, new_token_ids=[7, j], finished_reason={"type": "length"},
-                    completion_tokens=2, extra={"beam_score": -1.0 - j}, text=f"text of {rid}"))
+        for m in msg if isinstance(msg, list) else [msg]:  # a list: one call's requests
+            self.sent.append(m)
+            if self.answer and isinstance(m, TokenizedRequest):
+                for j, rid in enumerate(m.result_rids):
+                    self.tm.states[rid].queue.put_nowait(TokenOutput(
+                        rid=rid, new_token_ids=[7, j], finished_reason={"type": "length"},
+                        completion_tokens=2, extra={"beam_score": -1.0 - j},
+                        text=f"text of {rid}"))
 
 
 def _wired(model_dir: str, answer: bool) -> tuple[TokenizerManager, _Wire, list]:

@@ -333,7 +333,9 @@ class TokenizerManager:
         try:
             for r in reqs:
                 sent.append(self._on_the_wire(r))
-                self.send_to_scheduler.send_pyobj(sent[-1])
+            # one message: the scheduler admits a call's requests together (a select's choices
+            # share one extend forward)
+            self.send_to_scheduler.send_pyobj(sent if len(sent) > 1 else sent[0])
             if obj.stream:
                 async for chunk in self._stream(states, obj.return_logprob):
                     yield chunk

@@ -108,12 +108,14 @@ class SchedulerLoop:
                 msg = self.recv.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 return out
-            if isinstance(msg, TokenizedRequest):
-                try:
-                    self.scheduler.add_request(msg)
-                except ValueError as e:
-                    out.append(TokenOutput(rid=msg.rid, new_token_ids=[], error=str(e),
-                                           finished_reason={"type": "abort", "message": str(e)}))
+            if isinstance(msg, (TokenizedRequest, list)):  # a list: one call's requests
+                for tr in msg if isinstance(msg, list) else [msg]:
+                    try:
+                        self.scheduler.add_request(tr)
+                    except ValueError as e:
+                        out.append(TokenOutput(rid=tr.rid, new_token_ids=[], error=str(e),
+                                               finished_reason={"type": "abort",
+                                                                "message": str(e)}))
             elif isinstance(msg, AbortRequest):
                 aborted = self.scheduler.abort_request(msg.rid)
                 if aborted is not None:
