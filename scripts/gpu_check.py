@@ -52,7 +52,7 @@ def check_tests() -> bool:
     with open(log, "w") as f:
         # several workers: most of the time is Triton compiling kernel variants on the CPU
         workers = ["-n", str(min(8, os.cpu_count() or 1))] if _has_xdist() else []
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+        code = subprocess.call([sys.executable, "-m", "pytest", "-v", "-rfE", "-m", "gpu", "-p",
                                 "no:cacheprovider", *workers, "--durations=10",
                                 "tests/test_gpu.py",
                                 "tests/test_triton_kernels.py", "tests/test_triton_ops.py",
