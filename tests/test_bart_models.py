@@ -18,42 +18,22 @@ from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.tests.bart_checkpoints import CORPUS, write_bart_checkpoint
+from seq2serve.tests.bart_oracle import (
+    FAMILIES,
+    LANGS,
+    MAX_NEW,
+    SOURCES,
+    hf_generate,
+    hf_source_and_forced,
+)
 from seq2serve.tests.helpers import hf_model, make_scheduler, request, run_to_completion
 from seq2serve.tests.server_helpers import ServerProcess
-
-FAMILIES = ["marian", "m2m100", "nllb", "mbart"]
-SOURCES = CORPUS[:3] + ["Hi", CORPUS[6]]
-# (source, target) as each family names them in HF (Marian: its one pair)
-LANGS = {"marian": ("en", "de"), "m2m100": ("en", "de"), "nllb": ("eng_Latn", "fra_Latn"),
-         "mbart": ("en_XX", "de_DE")}
-MAX_NEW = 10
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     root = Path(tmp_path_factory.mktemp("bart"))
     return {f: str(write_bart_checkpoint(f, root / f, seed=i)) for i, f in enumerate(FAMILIES)}
-
-
-def hf_source_and_forced(path: str, family: str, text: str, source: str, target: str):
-    """The oracle's inputs: HF's tokenizer set to the source language, HF's own target token."""
-    tok = load_tokenizer(path)
-    if family == "marian":
-        return tok(text).input_ids, None
-    tok.src_lang = source
-    forced = tok.get_lang_id(target) if family == "m2m100" else tok.convert_tokens_to_ids(target)
-    return tok(text).input_ids, forced
-
-
-def hf_generate(path: str, ids: list[int], forced: int | None, max_new: int, **gen):
-    """HF generate (with its KV cache, as deployed: M2M100's positions depend on it) from the
-    checkpoint's generation_config.json (OPUS-MT's: pad in bad_words_ids); the forced token
-    is one of HF's new tokens, not of ours."""
-    extra = 0 if forced is None else 1
-    with torch.no_grad():
-        return hf_model(path).generate(torch.tensor([ids]), max_new_tokens=max_new + extra,
-                                       forced_bos_token_id=forced, forced_eos_token_id=None,
-                                       do_sample=False, **gen), 1 + extra
 
 
 @pytest.mark.parametrize("family", FAMILIES)

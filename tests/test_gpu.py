@@ -278,7 +278,7 @@ def test_bart_family_matches_hf_with_graphs_in_float32(tmp_path, family):
     the target language forced."""
     from seq2serve.runtime.config.model_config import ModelConfig
     from seq2serve.tests.bart_checkpoints import write_bart_checkpoint
-    from seq2serve.tests.test_bart_models import LANGS, SOURCES, hf_generate, hf_source_and_forced
+    from seq2serve.tests.bart_oracle import LANGS, SOURCES, hf_generate, hf_source_and_forced
 
     path = str(write_bart_checkpoint(family, tmp_path / family))
     source, target = LANGS[family]
