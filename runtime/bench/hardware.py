@@ -29,6 +29,10 @@ def decoder_step_bytes(arch, dtype_bytes: int = 2) -> int:
     """Weights a decode step reads once: the decoder stack and the LM head (embedding rows
     and the encoder are not read per step). For T5, cross K/V projections run once per input,
     so only q and o of the cross layers count."""
+    if hasattr(arch, "decoder_ffn_dim"):  # the BART family (Marian, M2M100 / NLLB, mBART)
+        d, ff = arch.d_model, arch.decoder_ffn_dim
+        per_layer = 4 * d * d + 2 * d * d + 2 * d * ff
+        return (arch.decoder_layers * per_layer + arch.vocab_size * d) * dtype_bytes
     if hasattr(arch, "d_model"):  # T5
         d, inner, ff = arch.d_model, arch.num_heads * arch.d_kv, arch.d_ff
         per_layer = 4 * d * inner + 2 * d * inner + (3 if arch.is_gated else 2) * d * ff
