@@ -63,10 +63,11 @@ def quantizable(name: str, layer: Linear, method: str, quantize_lm_head: bool,
     if isinstance(layer.weight, QuantizedWeight):
         return False  # already (an FP8 checkpoint's)
     if name == "lm_head" or name.endswith(".lm_head"):
-        return quantize_lm_head
-    if method == "fp8":
-        if any(name.endswith(k) for k in keep):
+        if not quantize_lm_head:
             return False
+    elif method == "fp8" and any(name.endswith(k) for k in keep):
+        return False
+    if method == "fp8":
         n, k = layer.weight.shape
         if n % 16 or k % 16:
             logger.info("%s [%d, %d] stays unquantized (fp8 needs multiples of 16)", name, n, k)

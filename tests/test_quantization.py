@@ -214,6 +214,21 @@ def test_fp8_keeps_layers_that_are_not_multiples_of_16(tmp_path):
     assert "layers.0.mlp.gate_up" in names  # N = 144, K = 64
 
 
+def test_fp8_keeps_an_lm_head_whose_vocabulary_is_not_a_multiple_of_16(tmp_path):
+    """OPUS-MT's vocabulary (58,101 in en-de) with --quantize-lm-head: the head stays in the
+    model's dtype (cuBLASLt refused it at start-up before), the other layers quantize."""
+    from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
+
+    for vocab, quantized in ((1003, False), (1008, True)):
+        path = str(write_llama_checkpoint(tmp_path / str(vocab), hidden_size=64,
+                                          intermediate_size=128, vocab_size=vocab))
+        model = _model(path)
+        quantize_model(model, "fp8", quantize_lm_head=True)
+        names = _quantized_names(model)
+        assert ("lm_head" in names) == quantized
+        assert "layers.0.mlp.down" in names
+
+
 # --- refusals -------------------------------------------------------------------------------
 def test_refusals_name_the_problem():
     from seq2serve.runtime.config.server_args import ServerArgs
