@@ -9,6 +9,10 @@ import pytest
 
 from seq2serve import Seq2SeqEngine
 from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.tools.demo_checkpoint import (
+    write_llama_checkpoint,
+    write_mllama_checkpoint,
+)
 from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -43,3 +47,80 @@ def test_t5_tp2_matches_hf_and_tp1(t5_tp_dir):
     with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=1, **POOLS) as engine:
         assert [o["output_ids"] for o in engine.generate(prompt=sources,
                                                          sampling_params=GREEDY)] == refs
+
+
+def _hf_causal_greedy(path: str, ids: list[int], n: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, num_beams=1,
+                          min_new_tokens=n, attention_mask=torch.ones(1, len(ids)))
+    return out[0, len(ids):].tolist()
+
+
+def test_llama_gqa_tp2_matches_hf_with_a_cached_prefix(tmp_path):
+    # 6 query heads over 2 key/value heads: each rank keeps one group of 3
+    path = str(write_llama_checkpoint(tmp_path / "llama", init_scale=10.0, seed=1,
+                                      hidden_size=48, intermediate_size=96,
+                                      num_attention_heads=6, num_key_value_heads=2))
+    tok = load_tokenizer(path)
+    prompts = ["The capital of France is", "1 2 3 4 5 6 7 8 9 10 11 12", "A long prompt " * 12]
+    ids = [tok(p).input_ids for p in prompts]
+    refs = [_hf_causal_greedy(path, i, GREEDY["max_new_tokens"]) for i in ids]
+    assert len({tuple(r) for r in refs}) == len(refs)
+    with Seq2SeqEngine(model_path=path, tp_size=2, page_size=4, **POOLS) as engine:
+        outs = engine.generate(input_ids=ids, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == refs
+        # the long prompt again: its prefix's slots come from the radix cache (rank 0's
+        # books), written into every rank's table row
+        again = engine.generate(input_ids=ids[2], sampling_params=GREEDY)
+        assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == refs[2]
+        engine.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def mllama_tp():
+    import tempfile
+
+    from seq2serve.tests.mllama_oracle import MllamaOracle, random_image
+
+    with tempfile.TemporaryDirectory() as d:
+        # vision: 2 heads (1 a rank); text: 4 query heads over 2 key/value heads
+        path = str(write_mllama_checkpoint(d, seed=3))
+        yield path, MllamaOracle(path), [random_image(1, 40, 90), random_image(2, 100, 30)]
+
+
+def test_mllama_tp2_matches_hf_with_images(mllama_tp):
+    path, oracle, images = mllama_tp
+    tok = oracle.processor.tokenizer
+    text = tok("Describe the picture", add_special_tokens=False).input_ids
+    image, bos = 128256, tok.bos_token_id
+    cases = [([image, bos] + text, [images[0]]),
+             ([image, image, bos] + text, [images[0], images[1]]),
+             ([bos] + text, [])]
+    with Seq2SeqEngine(model_path=path, tp_size=2, max_images_per_request=2,
+                       max_image_pixels=200_000, **POOLS) as engine:
+        outs = engine.generate(input_ids=[c[0] for c in cases],
+                               image_data=[c[1] for c in cases], sampling_params=GREEDY)
+        for (ids, imgs), out in zip(cases, outs):
+            assert out["output_ids"] == oracle.generate_ids(ids, imgs, GREEDY["max_new_tokens"])
+        # beam search: the beams' table rows and copied last pages, on every rank
+        ids = cases[0][0]
+        out = engine.generate(input_ids=ids, image_data=[images[0]],
+                              sampling_params={"num_beams": 3, "max_new_tokens": 6,
+                                               "ignore_eos": True})
+        engine.check_integrity()
+    (tokens, score), = oracle.beams(ids, [images[0]], 6, num_beams=3, eos_token_id=[])
+    assert out["output_ids"] == tokens
+    assert out["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)
+
+
+@pytest.mark.parametrize("tp_size, message", [
+    (4, "tp_size 4 does not divide the model's 6 attention heads"),
+    (0, "tp_size must be a positive integer"),
+])
+def test_a_tp_size_that_does_not_fit_is_refused(t5_tp_dir, tp_size, message):
+    with pytest.raises(Exception, match=message):
+        Seq2SeqEngine(model_path=t5_tp_dir, tp_size=tp_size, **POOLS)
