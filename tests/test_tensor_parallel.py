@@ -5,6 +5,11 @@ the heads are refused with a message naming them; a rank that dies takes the ser
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
 import pytest
 
 from seq2serve import Seq2SeqEngine
@@ -14,8 +19,10 @@ from seq2serve.runtime.tools.demo_checkpoint import (
     write_mllama_checkpoint,
 )
 from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
+from seq2serve.tests.server_helpers import ServerProcess
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+SEEDED = {"max_new_tokens": 8, "temperature": 1.5, "top_p": 0.95, "seed": 7, "ignore_eos": True}
 # 6 heads (3 a rank), gated and plain feed-forward, tied and untied heads; an odd vocabulary
 # (the last rank's embedding rows are padding)
 T5_TP = {"vocab_size": 32101, "d_model": 48, "d_kv": 8, "num_heads": 6, "d_ff": 96,
@@ -43,10 +50,15 @@ def test_t5_tp2_matches_hf_and_tp1(t5_tp_dir):
         # books, hold the right heads on both ranks
         again = engine.generate(prompt=sources[0], sampling_params=GREEDY)
         assert again["meta_info"]["encoder_cache_hit"] and again["output_ids"] == refs[0]
+        sampled = engine.generate(prompt=sources, sampling_params=SEEDED)
         engine.check_integrity()
     with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=1, **POOLS) as engine:
         assert [o["output_ids"] for o in engine.generate(prompt=sources,
                                                          sampling_params=GREEDY)] == refs
+        # seeded sampling draws the same tokens from the gathered logits as from one rank's
+        alone = engine.generate(prompt=sources, sampling_params=SEEDED)
+    assert [o["output_ids"] for o in sampled] == [o["output_ids"] for o in alone]
+    assert [o["output_ids"] for o in alone] != refs
 
 
 def _hf_causal_greedy(path: str, ids: list[int], n: int) -> list[int]:
@@ -124,3 +136,33 @@ def test_mllama_tp2_matches_hf_with_images(mllama_tp):
 def test_a_tp_size_that_does_not_fit_is_refused(t5_tp_dir, tp_size, message):
     with pytest.raises(Exception, match=message):
         Seq2SeqEngine(model_path=t5_tp_dir, tp_size=tp_size, **POOLS)
+
+
+def _rank_processes(scheduler_pid: int) -> list[int]:
+    """The scheduler's children started by multiprocessing's spawn (the tp ranks)."""
+    out = subprocess.run(["pgrep", "-P", str(scheduler_pid)], capture_output=True, text=True,
+                         check=False)
+    return [int(p) for p in out.stdout.split() if b"spawn_main" in _cmdline(int(p))]
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def test_a_dead_rank_ends_the_server(t5_tp_dir):
+    srv = ServerProcess(t5_tp_dir, "--tp-size", "2", "--max-total-tokens", "2048",
+                        "--max-cross-tokens", "2048")
+    try:
+        scheduler = next(p for p in srv.children() if b"scheduler" in _cmdline(p))
+        ranks = _rank_processes(scheduler)
+        assert len(ranks) == 1
+        assert "tp 2 ranks on cpu,cpu" in srv.output()  # the startup line's layout
+        os.kill(ranks[0], signal.SIGKILL)
+        start = time.monotonic()
+        code = srv.proc.wait(timeout=15)
+        assert code != 0 and time.monotonic() - start < 15
+        out = srv.output()
+        assert "tensor-parallel rank 1" in out and "scheduler process" in out
+    finally:
+        srv.kill()
