@@ -49,6 +49,12 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum over ranks, in place (a row-parallel weight's row scales)."""
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=_TP.group)
+    return x
+
+
 def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     """Each rank's slice of the last dimension, concatenated in rank order (vocab-parallel
     logits)."""

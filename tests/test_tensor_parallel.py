@@ -61,6 +61,19 @@ def test_t5_tp2_matches_hf_and_tp1(t5_tp_dir):
     assert [o["output_ids"] for o in alone] != refs
 
 
+def test_t5_int8_tp2_quantizes_each_shard_as_the_whole(t5_tp_dir):
+    """Each rank quantizes its shard; a row-parallel shard takes its rows' scales over every
+    rank's columns, so the 8-bit values are those of tp_size 1 and so are the tokens."""
+    sources = SOURCES[:4]
+    outs = {}
+    for tp in (2, 1):
+        with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=tp, quantization="int8",
+                           **POOLS) as engine:
+            outs[tp] = [o["output_ids"] for o in engine.generate(prompt=sources,
+                                                                 sampling_params=GREEDY)]
+    assert outs[2] == outs[1]
+
+
 def _hf_causal_greedy(path: str, ids: list[int], n: int) -> list[int]:
     import torch
     from transformers import AutoModelForCausalLM
