@@ -53,8 +53,11 @@ def test_t5_tp2_matches_hf_and_tp1(t5_tp_dir):
         sampled = engine.generate(prompt=sources, sampling_params=SEEDED)
         engine.check_integrity()
     with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=1, **POOLS) as engine:
-        assert [o["output_ids"] for o in engine.generate(prompt=sources,
-                                                         sampling_params=GREEDY)] == refs
+        single = engine.generate(prompt=sources, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in single] == refs
+        # a request's K/V bytes count every rank's slice: as much as on one rank
+        assert [o["meta_info"]["kv_bytes"] for o in single] == \
+            [o["meta_info"]["kv_bytes"] for o in outs]
         # seeded sampling draws the same tokens from the gathered logits as from one rank's
         alone = engine.generate(prompt=sources, sampling_params=SEEDED)
     assert [o["output_ids"] for o in sampled] == [o["output_ids"] for o in alone]

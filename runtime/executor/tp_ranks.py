@@ -14,9 +14,11 @@ frontend reports as a dead scheduler; a rank whose scheduler has gone exits.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import threading
 import time
@@ -85,6 +87,9 @@ class TensorParallelRanks:
         for p in self.procs:
             p.start()
         self.stopping = False
+        # runs before multiprocessing's own exit handler terminates the ranks (registered
+        # later, called first): a rank stopped at exit is not a rank that died
+        atexit.register(self.stop)
         threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
         init_tensor_parallel(0, size, init_method, device)
         self.channel = BatchChannel(parallel_state.tensor_parallel(), device)
@@ -122,6 +127,7 @@ def run_rank(rank: int, size: int, init_method: str, args: ServerArgs,
     """A rank's process: load its shard, then run what rank 0 sends until it goes."""
     from seq2serve.runtime.executor.model_runner import ModelRunner
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the scheduler: rank 0 decides
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format=f"%(asctime)s tp-rank-{rank} %(name)s: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
