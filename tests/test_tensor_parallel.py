@@ -77,6 +77,25 @@ def test_t5_int8_tp2_quantizes_each_shard_as_the_whole(t5_tp_dir):
     assert outs[2] == outs[1]
 
 
+def test_t5_tp2_host_tier_brings_back_every_ranks_heads(t5_tp_dir):
+    """An encoder output evicted to the host tier comes back without the encoder: each rank
+    stored and loaded its own heads' K/V (the scheduler's copies, replayed on rank 1)."""
+    tok = load_tokenizer(t5_tp_dir)
+    a, b = SOURCES[0], SOURCES[4]
+    need = max(len(tok(a).input_ids), len(tok(b).input_ids))
+    with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=2, device="cpu", page_size=4,
+                       max_cross_tokens=need + 4, encoder_hidden_cache_mb=0,
+                       host_cache_gb=0.01) as engine:
+        first = engine.generate(prompt=a, sampling_params=GREEDY)
+        engine.generate(prompt=b, sampling_params=GREEDY)  # evicts a's cross K/V to the host
+        again = engine.generate(prompt=a, sampling_params=GREEDY)
+        stats = engine.stats()
+        engine.check_integrity()
+    assert first["output_ids"] == hf_greedy(t5_tp_dir, tok(a).input_ids, 8)
+    assert again["meta_info"]["encoder_cache_hit"] and again["output_ids"] == first["output_ids"]
+    assert stats["encoder_cache_host_hits"] == 1
+
+
 def _hf_causal_greedy(path: str, ids: list[int], n: int) -> list[int]:
     import torch
     from transformers import AutoModelForCausalLM

@@ -132,8 +132,6 @@ class ServerArgs:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.cross_kv_fraction is not None and not 0.0 < self.cross_kv_fraction < 1.0:
             raise ValueError(f"cross_kv_fraction must be in (0, 1), got {self.cross_kv_fraction!r}")
-        if self.tp_size > 1 and self.host_cache_gb > 0:
-            raise ValueError("host_cache_gb: the host tier is not built for tp_size > 1 yet")
 
     @classmethod
     def field_help(cls) -> dict[str, str]:

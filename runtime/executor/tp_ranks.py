@@ -33,6 +33,7 @@ from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.executor.batch_channel import BatchChannel
 from seq2serve.runtime.memory.device_log import DeviceLog, replay
+from seq2serve.runtime.memory.host_kv_pool import host_pools
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,10 @@ def run_rank(rank: int, size: int, init_method: str, args: ServerArgs,
     init_tensor_parallel(rank, size, init_method, device)
     runner = ModelRunner(args, model_config, device)
     channel = BatchChannel(parallel_state.tensor_parallel(), runner.device)
-    pools = runner.pools
+    # the host tier's pools, as the scheduler makes rank 0's (the same pages on every rank)
+    host_kv, host_cross = host_pools(args.host_cache_gb, runner.token_to_kv_pool,
+                                     runner.cross_kv_pool)
+    pools = {**runner.pools, "host_token_to_kv": host_kv, "host_cross_kv": host_cross}
     while True:
         kind, records, batch = channel.recv()
         replay(records, pools)

@@ -34,6 +34,12 @@ class ModelWorker:
         if self.ranks is not None:
             self.ranks.mirror(r.pools)
 
+    def mirror(self, pools: dict) -> None:
+        """Pools besides the runner's whose copies every rank makes (the host tier's, named
+        as the ranks name theirs); nothing at tp_size 1."""
+        if self.ranks is not None:
+            self.ranks.mirror(pools)
+
     def layout(self) -> dict:
         """Where the model runs: the ranks and their devices (the startup line, stats)."""
         size = self.model_runner.tp.size

@@ -100,6 +100,8 @@ class Scheduler:
         self.encoder_cache = None
         shared = args.cache_isolation == "shared"  # each cache counts its own promotions
         host_kv, host_cross = host_pools(args.host_cache_gb, w.token_to_kv_pool, w.cross_kv_pool)
+        if hasattr(w, "mirror"):  # tensor parallelism: every rank copies its slice too
+            w.mirror({"host_token_to_kv": host_kv, "host_cross_kv": host_cross})
         if w.cross_kv_pool is not None:
             self.encoder_cache = EncoderCache(w.cross_kv_pool,
                                               enabled=not args.disable_encoder_cache,
