@@ -15,7 +15,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from seq2serve.models import fp8_checkpoint, registry
+from seq2serve.models import fp8_checkpoint, parallel_state, registry
 from seq2serve.models.ops import TorchOps, ops_for, use_ops
 from seq2serve.models.quantization import check_supported, dequantize_model, quantize_model
 
@@ -43,6 +43,30 @@ def checkpoint_files(model_dir: str) -> list[str]:
         f"no model weights in {model_dir}: expected model.safetensors or "
         f"model.safetensors.index.json{hint}"
     )
+
+
+def check_tensor_parallel(model_config, size: int) -> None:
+    """A ValueError naming the problem if the model cannot be split over `size` ranks: its
+    family has no parallel layers, or `size` does not divide a count it splits (heads,
+    key/value heads, feed-forward channels). The layers themselves say: the model is built on
+    the meta device as rank 0 would build it."""
+    if size == 1:
+        return
+    cls = registry.model_class(model_config.architecture)
+    if not getattr(cls, "tensor_parallel", False):
+        raise ValueError(f"tp_size {size}: tensor parallelism is not built for "
+                         f"{model_config.architecture} (T5/mT5, Llama and Mllama have it)")
+    if fp8_checkpoint.check_config(model_config.model_path):
+        raise ValueError(f"tp_size {size}: FP8 checkpoints are served on one rank only "
+                         "(--quantization fp8 quantizes each rank's shard of a 16-bit one)")
+    before = parallel_state.tensor_parallel()
+    parallel_state.set_tensor_parallel(0, size)
+    try:
+        with torch.device("meta"):
+            cls(model_config.arch)
+    finally:
+        parallel_state.set_tensor_parallel(before.rank, before.size, before.group,
+                                           before.cpu_group)
 
 
 def load_model(model_config, device: str, dtype: torch.dtype,
@@ -103,6 +127,7 @@ def _load_checkpoint(model: nn.Module, model_dir: str, files: list[str], device:
 def load_weights(model: nn.Module, files: list[str]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     shard_sizes = {name: _shard_sizes(model, name) for name in params}
+    tp_dims = {name: _tp_dim(model, name) for name in params}
     expected = {(name, s) for name in params
                 for s in (range(len(shard_sizes[name])) if shard_sizes[name] else [None])}
     loaded: set[tuple[str, int | None]] = set()
@@ -124,7 +149,8 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
                             f"unexpected tensor {name!r} in {path}: this configuration has no "
                             f"such layer (config.json and weights disagree?)"
                         )
-                    _copy(params[pname], shard_sizes[pname], tensor, shard, name)
+                    _copy(params[pname], shard_sizes[pname], tensor, shard, name,
+                          tp_dims[pname])
                     loaded.add((pname, shard))
                     source[(pname, shard)] = name
     missing = expected - loaded
@@ -160,12 +186,27 @@ def _shard_sizes(model: nn.Module, param_name: str) -> list[int] | None:
     return getattr(model.get_submodule(module_name), "shard_sizes", None)
 
 
+def _tp_dim(model: nn.Module, param_name: str) -> int | None:
+    """The dimension of this parameter that is this rank's slice of the checkpoint tensor
+    (tensor parallelism, models/linear.py), or None: the whole tensor."""
+    module_name, _, leaf = param_name.rpartition(".")
+    return getattr(model.get_submodule(module_name), "tp_dims", {}).get(leaf)
+
+
 def _copy(param: torch.Tensor, sizes: list[int] | None, tensor: torch.Tensor,
-          shard: int | None, name: str) -> None:
+          shard: int | None, name: str, tp_dim: int | None = None) -> None:
     if shard is None:
         dst = param.data
     else:
         dst = param.data.narrow(0, sum(sizes[:shard]), sizes[shard])
+    if tp_dim is not None:  # this rank's slice; past the tensor's end (a padded vocabulary): 0
+        per_rank = dst.shape[tp_dim]
+        start = parallel_state.tensor_parallel().rank * per_rank
+        have = max(0, min(per_rank, tensor.shape[tp_dim] - start))
+        if have < per_rank:
+            dst.zero_()
+            dst = dst.narrow(tp_dim, 0, have)
+        tensor = tensor.narrow(tp_dim, min(start, tensor.shape[tp_dim]), have)
     if name.endswith(fp8_checkpoint.SCALE):  # one per row, or one per tensor repeated
         tensor = fp8_checkpoint.fit_scale(tensor, dst.shape[0])
     if tuple(tensor.shape) != tuple(dst.shape):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from seq2serve.models.linear import Linear
+from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.ops import REFERENCE, TorchOps
 from seq2serve.runtime.kernels.activations import torch_activation
 
@@ -16,8 +16,8 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, activation: str,
                  bias: bool = False) -> None:
         super().__init__()
-        self.up = Linear(hidden, intermediate, bias)
-        self.down = Linear(intermediate, hidden, bias)
+        self.up = ColumnParallelLinear(hidden, intermediate, bias, what="feed-forward channels")
+        self.down = RowParallelLinear(intermediate, hidden, bias, what="feed-forward channels")
         self.act = torch_activation(activation)
 
     @property
@@ -37,8 +37,10 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, activation: str) -> None:
         super().__init__()
-        self.gate_up = Linear(hidden, [intermediate, intermediate])  # shard 0: gate, 1: up
-        self.down = Linear(intermediate, hidden)
+        # shard 0: gate, 1: up (each rank: its channels of both)
+        self.gate_up = ColumnParallelLinear(hidden, [intermediate, intermediate],
+                                            what="feed-forward channels")
+        self.down = RowParallelLinear(intermediate, hidden, what="feed-forward channels")
         self.activation = activation
 
     @property
@@ -50,4 +52,6 @@ class GatedMLP(nn.Module):
 
     def after_in_proj(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(act(gate) * up) from in_proj's output [gate | up]."""
-        return self.ops.gated_linear(gate_up, self.activation, self.down.weight, self.down.bias)
+        # (down has no bias: a row-parallel one would be added once per rank before the sum)
+        return self.down.reduce(
+            self.ops.gated_linear(gate_up, self.activation, self.down.weight))

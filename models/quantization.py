@@ -24,8 +24,9 @@ import logging
 import torch
 from torch import nn
 
+from seq2serve.models import parallel_state
 from seq2serve.models.linear import Linear
-from seq2serve.models.quantized_weight import QuantizedWeight
+from seq2serve.models.quantized_weight import QuantizedWeight, row_amax
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,11 @@ def quantize_model(model: nn.Module, method: str, quantize_lm_head: bool = False
         if not isinstance(layer, Linear) or not quantizable(name, layer, method,
                                                             quantize_lm_head, keep):
             continue
-        quantized = QuantizedWeight.from_float(layer.weight.data, method, layer.shard_sizes)
+        amax = None
+        if layer.tp_dims.get("weight") == 1:  # a row-parallel shard: the whole rows' scales
+            amax = parallel_state.all_reduce_max(row_amax(layer.weight.data))
+        quantized = QuantizedWeight.from_float(layer.weight.data, method, layer.shard_sizes,
+                                               amax)
         del layer.weight  # a tied weight stays the embedding's
         layer.weight = quantized
         count += 1

@@ -16,13 +16,20 @@ INT8_MAX = 127.0
 STORAGE = {"int8": torch.int8, "fp8": FP8_DTYPE}
 
 
-def quantize_rows(w: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+def row_amax(w: torch.Tensor) -> torch.Tensor:
+    """Each row's largest magnitude, float32 [N]."""
+    return w.float().abs().amax(dim=1)
+
+
+def quantize_rows(w: torch.Tensor, method: str,
+                  amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [N, K] in int8 or float8_e4m3fn, scale [N] float32): symmetric, one scale per row,
-    the row's largest magnitude mapped to the format's largest value (127, 448). The
+    the row's largest magnitude (`amax`: the whole row's, when `w` holds a tensor-parallel
+    rank's columns of it) mapped to the format's largest value (127, 448). The
     rounding error of an element is at most scale / 2 (int8), or 2**-4 of its magnitude
     (fp8's 3 mantissa bits; absolute scale * 2**-10 below fp8's normal range)."""
     w = w.float()
-    amax = w.abs().amax(dim=1).clamp(min=1e-12)
+    amax = (row_amax(w) if amax is None else amax).clamp(min=1e-12)
     if method == "int8":
         scale = amax / INT8_MAX
         q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
@@ -57,9 +64,9 @@ class QuantizedWeight(nn.Module):
                                   requires_grad=False)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, method: str,
-                   shard_sizes: list[int] | None = None) -> QuantizedWeight:
-        q, scale = quantize_rows(weight, method)
+    def from_float(cls, weight: torch.Tensor, method: str, shard_sizes: list[int] | None = None,
+                   amax: torch.Tensor | None = None) -> QuantizedWeight:
+        q, scale = quantize_rows(weight, method, amax)
         out = cls(weight.shape[0], weight.shape[1], method, weight.dtype, shard_sizes,
                   device=weight.device)
         out.qweight.data, out.scale.data = q, scale

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from seq2serve.models import parallel_state
 from seq2serve.models.attention import Attention
 from seq2serve.models.block import pre_norm
-from seq2serve.models.linear import Linear
+from seq2serve.models.linear import ColumnParallelLinear, RowParallelLinear
 from seq2serve.models.llama.config import LlamaConfig
 from seq2serve.models.llama.weights import hf_to_param
 from seq2serve.models.mlp import GatedMLP
 from seq2serve.models.norm import RMSNorm
 from seq2serve.models.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from seq2serve.models.vocab_parallel import embedding, lm_head
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
@@ -29,14 +31,24 @@ if TYPE_CHECKING:
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin of every token's position
 
 
+def local_heads(heads: int, kv_heads: int) -> tuple[int, int]:
+    """This tensor-parallel rank's query and key/value heads (GQA: each rank keeps whole
+    groups, so tp_size must divide the key/value heads)."""
+    tp = parallel_state.tensor_parallel()
+    return tp.shard(heads, "attention heads"), tp.shard(kv_heads, "key/value heads")
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
         super().__init__()
         h, kvh, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_size, self.kv_size = h * d, kvh * d
-        self.qkv_proj = Linear(cfg.hidden_size, [h * d, kvh * d, kvh * d])
-        self.o_proj = Linear(h * d, cfg.hidden_size)
-        self.attn = Attention(AttentionKind.SELF, layer_id, h, kvh, d, scaling=d**-0.5)
+        local_h, local_kvh = local_heads(h, kvh)
+        self.q_size, self.kv_size = local_h * d, local_kvh * d  # this rank's heads
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [h * d, kvh * d, kvh * d],
+                                             what="heads' q/k/v")
+        self.o_proj = RowParallelLinear(h * d, cfg.hidden_size, what="heads' outputs")
+        self.attn = Attention(AttentionKind.SELF, layer_id, local_h, local_kvh, d,
+                              scaling=d**-0.5)
 
     def forward(self, x: torch.Tensor, rope: Rope, fb: ForwardBatch) -> torch.Tensor:
         return self.attend(self.qkv_proj(x), rope, fb)
@@ -69,17 +81,17 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     config_class = LlamaConfig
+    tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = lm_head(cfg.hidden_size, cfg.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:

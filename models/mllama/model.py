@@ -17,14 +17,15 @@ from torch import nn
 
 from seq2serve.models.attention import Attention
 from seq2serve.models.block import pre_norm
-from seq2serve.models.linear import Linear
-from seq2serve.models.llama.model import LlamaDecoderLayer
+from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
+from seq2serve.models.llama.model import LlamaDecoderLayer, local_heads
 from seq2serve.models.mllama.config import MllamaConfig
 from seq2serve.models.mllama.vision import MllamaVisionModel
 from seq2serve.models.mllama.weights import hf_to_param
 from seq2serve.models.mlp import GatedMLP
 from seq2serve.models.norm import RMSNorm
 from seq2serve.models.rotary import RotaryEmbedding, rope_inv_freq
+from seq2serve.models.vocab_parallel import embedding, lm_head
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
@@ -36,13 +37,15 @@ class MllamaCrossAttention(nn.Module):
         super().__init__()
         t = cfg.text
         h, kvh, d = t.num_attention_heads, t.num_key_value_heads, t.head_dim
-        self.kv_size = kvh * d
-        self.q_proj = Linear(t.hidden_size, h * d)
-        self.kv_proj = Linear(t.hidden_size, [kvh * d, kvh * d])
-        self.o_proj = Linear(h * d, t.hidden_size)
+        local_h, local_kvh = local_heads(h, kvh)
+        self.kv_size = local_kvh * d  # this rank's heads
+        self.q_proj = ColumnParallelLinear(t.hidden_size, h * d, what="heads' q")
+        self.kv_proj = ColumnParallelLinear(t.hidden_size, [kvh * d, kvh * d], what="heads' k/v")
+        self.o_proj = RowParallelLinear(h * d, t.hidden_size, what="heads' outputs")
         self.q_norm = RMSNorm(d, t.rms_norm_eps)
         self.k_norm = RMSNorm(d, t.rms_norm_eps)
-        self.attn = Attention(AttentionKind.CROSS, cross_id, h, kvh, d, scaling=d**-0.5)
+        self.attn = Attention(AttentionKind.CROSS, cross_id, local_h, local_kvh, d,
+                              scaling=d**-0.5)
 
     def store_kv(self, vision_states: torch.Tensor, fb: EncodeForwardBatch) -> None:
         k, v = self.kv_proj(vision_states).split(self.kv_size, dim=-1)
@@ -84,6 +87,7 @@ class MllamaCrossAttentionLayer(nn.Module):
 
 class MllamaForConditionalGeneration(nn.Module):
     config_class = MllamaConfig
+    tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
     # a token reads only its image group's cross keys: the runtime passes each token's range
     optional_inputs = ("cross_kv_start", "cross_kv_end")
 
@@ -95,8 +99,7 @@ class MllamaForConditionalGeneration(nn.Module):
         self.multi_modal_projector = Linear(cfg.vision.vision_output_dim, t.hidden_size,
                                             bias=True)
         self.rotary = RotaryEmbedding(t.head_dim, t.rope_theta, t.rope_scaling)
-        self.embed_tokens = nn.Embedding(t.vocab_size + 8, t.hidden_size)  # HF keeps 8 spare
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = embedding(t.vocab_size + 8, t.hidden_size)  # HF keeps 8 spare
         layers, self_id, cross_id = [], 0, 0
         for i in range(t.num_hidden_layers):
             if i in cfg.cross_attention_layers:
@@ -107,7 +110,7 @@ class MllamaForConditionalGeneration(nn.Module):
                 self_id += 1
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
-        self.lm_head = Linear(t.hidden_size, t.vocab_size)
+        self.lm_head = lm_head(t.hidden_size, t.vocab_size)
 
     # --- the encoder stage -------------------------------------------------------------------
     def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:

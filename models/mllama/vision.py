@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from seq2serve.models.linear import Linear
+from seq2serve.models import parallel_state
+from seq2serve.models.linear import ColumnParallelLinear, RowParallelLinear
 from seq2serve.models.mllama.config import MllamaVisionConfig
 from seq2serve.runtime.kernels.activations import torch_activation
 
@@ -72,11 +73,13 @@ class GatedPositionEmbedding(nn.Module):
 class VisionAttention(nn.Module):
     def __init__(self, cfg: MllamaVisionConfig) -> None:
         super().__init__()
-        self.heads = cfg.attention_heads
+        tp = parallel_state.tensor_parallel()
+        self.heads = tp.shard(cfg.attention_heads, "vision attention heads")  # this rank's
         self.head_dim = cfg.hidden_size // cfg.attention_heads
-        inner = self.heads * self.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, [inner, inner, inner])
-        self.o_proj = Linear(inner, cfg.hidden_size)
+        inner = cfg.attention_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [inner, inner, inner],
+                                             what="vision heads' q/k/v")
+        self.o_proj = RowParallelLinear(inner, cfg.hidden_size, what="vision heads' outputs")
 
     def forward(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         """x [images, tokens, hidden], every image with the same `layout`. Real queries see
@@ -104,8 +107,10 @@ class VisionLayer(nn.Module):
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.self_attn = VisionAttention(cfg)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
-        self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+        self.fc1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias=True,
+                                        what="vision feed-forward channels")
+        self.fc2 = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=True,
+                                     what="vision feed-forward channels")
         self.act = torch_activation(cfg.hidden_act)
         self.gated = gated
         if gated:

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from seq2serve.models import parallel_state
 from seq2serve.models.attention import Attention
 from seq2serve.models.block import pre_norm
-from seq2serve.models.linear import Linear
+from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.mlp import MLP, GatedMLP
 from seq2serve.models.mt5.config import T5Config
 from seq2serve.models.mt5.relative_position import RelativePositionBias
 from seq2serve.models.mt5.weights import hf_to_param
 from seq2serve.models.norm import RMSNorm
+from seq2serve.models.vocab_parallel import embedding, lm_head
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
@@ -43,14 +45,19 @@ def _pre_norm(norm: RMSNorm, x: torch.Tensor, h: torch.Tensor | None,
     return pre_norm(norm, x, h, proj)
 
 
+def _heads(cfg: T5Config) -> int:
+    """This tensor-parallel rank's attention heads."""
+    return parallel_state.tensor_parallel().shard(cfg.num_heads, "attention heads")
+
+
 class T5SelfAttention(nn.Module):
     def __init__(self, cfg: T5Config, kind: AttentionKind, layer_id: int) -> None:
         super().__init__()
-        inner = cfg.num_heads * cfg.d_kv
-        self.inner = inner
-        self.qkv = Linear(cfg.d_model, [inner, inner, inner])
-        self.o = Linear(inner, cfg.d_model)
-        self.attn = Attention(kind, layer_id, cfg.num_heads, cfg.num_heads, cfg.d_kv, scaling=1.0)
+        inner, heads = cfg.num_heads * cfg.d_kv, _heads(cfg)
+        self.inner = heads * cfg.d_kv  # this rank's heads' share of q, k and v
+        self.qkv = ColumnParallelLinear(cfg.d_model, [inner, inner, inner], what="heads' q/k/v")
+        self.o = RowParallelLinear(inner, cfg.d_model, what="heads' outputs")
+        self.attn = Attention(kind, layer_id, heads, heads, cfg.d_kv, scaling=1.0)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch | EncodeForwardBatch,
                 bias: RelativePositionBias) -> torch.Tensor:
@@ -66,13 +73,12 @@ class T5SelfAttention(nn.Module):
 class T5CrossAttention(nn.Module):
     def __init__(self, cfg: T5Config, layer_id: int) -> None:
         super().__init__()
-        inner = cfg.num_heads * cfg.d_kv
-        self.inner = inner
-        self.q = Linear(cfg.d_model, inner)
-        self.kv = Linear(cfg.d_model, [inner, inner])
-        self.o = Linear(inner, cfg.d_model)
-        self.attn = Attention(AttentionKind.CROSS, layer_id, cfg.num_heads, cfg.num_heads,
-                              cfg.d_kv, scaling=1.0)
+        inner, heads = cfg.num_heads * cfg.d_kv, _heads(cfg)
+        self.inner = heads * cfg.d_kv
+        self.q = ColumnParallelLinear(cfg.d_model, inner, what="heads' q")
+        self.kv = ColumnParallelLinear(cfg.d_model, [inner, inner], what="heads' k/v")
+        self.o = RowParallelLinear(inner, cfg.d_model, what="heads' outputs")
+        self.attn = Attention(AttentionKind.CROSS, layer_id, heads, heads, cfg.d_kv, scaling=1.0)
 
     def store_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
         k, v = self.kv(encoder_hidden).split(self.inner, dim=-1)
@@ -131,14 +137,14 @@ class T5DecoderBlock(nn.Module):
 
 class T5ForConditionalGeneration(nn.Module):
     config_class = T5Config
+    tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
     # HF's `wo` (_keep_in_fp32_modules): its input's outliers defeat per-token FP8 scales
     keep_in_model_dtype = ("ff.down",)
 
     def __init__(self, cfg: T5Config) -> None:
         super().__init__()
         self.cfg = cfg
-        self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.shared.weight.requires_grad_(False)
+        self.shared = embedding(cfg.vocab_size, cfg.d_model)
         buckets, distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
         self.encoder_bias = RelativePositionBias(buckets, distance, cfg.num_heads, True)
         self.encoder_layers = nn.ModuleList(T5EncoderBlock(cfg) for _ in range(cfg.num_layers))
@@ -148,7 +154,7 @@ class T5ForConditionalGeneration(nn.Module):
             T5DecoderBlock(cfg, i) for i in range(cfg.num_decoder_layers)
         )
         self.decoder_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
-        self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
+        self.lm_head = lm_head(cfg.d_model, cfg.vocab_size)
 
     # --- the encoder stage -------------------------------------------------------------------
     def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:

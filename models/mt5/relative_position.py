@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from seq2serve.models import parallel_state
+
 
 def relative_position_bucket(rel: torch.Tensor, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> torch.Tensor:
@@ -30,11 +32,15 @@ def relative_position_bucket(rel: torch.Tensor, bidirectional: bool, num_buckets
 
 
 class RelativePositionBias(nn.Module):
-    """Computed once per batch by the first layer that asks; every layer of the stack shares it."""
+    """Computed once per batch by the first layer that asks; every layer of the stack shares it.
+    A tensor-parallel rank holds its heads' columns of the table."""
 
     def __init__(self, num_buckets: int, max_distance: int, num_heads: int,
                  bidirectional: bool) -> None:
         super().__init__()
+        tp = parallel_state.tensor_parallel()
+        num_heads = tp.shard(num_heads, "attention heads")
+        self.tp_dims = {"weight": 1} if tp.size > 1 else {}
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bidirectional

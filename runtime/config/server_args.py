@@ -27,6 +27,7 @@ class ServerArgs:
     tokenizer_path: str | None = None  # tokenizer directory (unset: the model directory)
     load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
     device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
+    tp_size: int = 1  # tensor-parallel ranks: a process and a GPU each (CPU: processes, gloo)
     dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
     quantization: str | None = None  # int8 (weight-only; CPU, GPU) or fp8 (E4M3; sm_89+ GPUs)
     quantize_lm_head: bool = False  # with quantization: the LM head too (else the model dtype)
@@ -91,7 +92,8 @@ class ServerArgs:
             )
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        _positive = ("page_size", "max_running_requests", "max_prefill_tokens", "port",
+        _positive = ("tp_size", "page_size", "max_running_requests", "max_prefill_tokens",
+                     "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
                      "max_n", "max_batch_inputs", "max_connections",

@@ -85,4 +85,4 @@ def move_pages(req_to_token: torch.Tensor, kv, moves: BeamMoves, parents: torch.
     dst = torch.where(copy, own.gather(1, pos), 0).flatten().long()
     col = torch.arange(ctx, device=rows.device)
     req_to_token[rows] = torch.where(col[None, :] < moves.shared_end[:, None], theirs, own)
-    kv.copy_slots(src, dst)
+    kv.copy_slots_local(src, dst)  # every tensor-parallel rank moves its own

@@ -3,11 +3,14 @@ DecoderBatch or EncodeBatch at a time and samples."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
+import torch.distributed as dist
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
+from seq2serve.models import parallel_state
 from seq2serve.models.loader import load_model
 from seq2serve.runtime.attention import create_backend
 from seq2serve.runtime.config.model_config import ModelConfig
@@ -43,10 +46,15 @@ def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> t
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_config: ModelConfig) -> None:
+    """With tensor parallelism, one per rank (`device`: the rank's), each holding its shard
+    of the model and its heads' slice of the K/V pools (models/parallel_state.py)."""
+
+    def __init__(self, args: ServerArgs, model_config: ModelConfig,
+                 device: str | None = None) -> None:
         self.args = args
         self.model_config = model_config
-        self.device = args.resolved_device()
+        self.device = device or args.resolved_device()
+        self.tp = parallel_state.tensor_parallel()
         self.dtype = resolve_dtype(args, model_config, self.device)
         if self.device.startswith("cuda"):
             torch.cuda.set_device(torch.device(self.device))
@@ -81,8 +89,9 @@ class ModelRunner:
             self.max_encoder_len = (a.max_encoder_len
                                     or arch.default_max_encoder_len(a.max_images_per_request))
         elt = self.dtype.itemsize
-        self_bytes = 2 * arch.num_self_attn_layers * arch.num_kv_heads * arch.head_dim * elt
-        cross_bytes = 2 * arch.num_cross_attn_layers * arch.num_kv_heads * arch.head_dim * elt
+        kv_heads = arch.num_kv_heads // self.tp.size  # this rank's heads' slice of the pools
+        self_bytes = 2 * arch.num_self_attn_layers * kv_heads * arch.head_dim * elt
+        cross_bytes = 2 * arch.num_cross_attn_layers * kv_heads * arch.head_dim * elt
         plan = plan_pools(
             budget_bytes=available_bytes(self.device, a.mem_fraction),
             self_bytes_per_token=self_bytes, cross_bytes_per_token=cross_bytes,
@@ -90,15 +99,17 @@ class ModelRunner:
             max_encoder_len=self.max_encoder_len, cross_fraction=a.cross_kv_fraction,
             max_total_tokens=a.max_total_tokens, max_cross_tokens=a.max_cross_tokens,
         )
+        if self.tp.size > 1:  # the scheduler's books name the same slots on every rank
+            plan = _agree(plan)
         ps = a.page_size
         self.req_to_token_pool = ReqToTokenPool(a.max_running_requests + 1, self.context_len,
                                                 self.max_encoder_len, self.device)
         self.token_to_kv_pool = TokenToKVPool(
             max(1, plan.max_total_tokens // ps), ps, arch.num_self_attn_layers,
-            arch.num_kv_heads, arch.head_dim, self.dtype, self.device)
+            kv_heads, arch.head_dim, self.dtype, self.device)
         self.cross_kv_pool = CrossKVPool(
             max(1, plan.max_cross_tokens // ps), ps, arch.num_cross_attn_layers,
-            arch.num_kv_heads, arch.head_dim, self.dtype, self.device,
+            kv_heads, arch.head_dim, self.dtype, self.device,
         ) if arch.num_cross_attn_layers else None
         logger.info(
             "pools: %d decoder KV tokens, %d cross KV tokens, page size %d, %d request slots",
@@ -185,3 +196,12 @@ class ModelRunner:
                            b.sampling.beam_moves, out.beam_parents)
         out.logits, out.started, out.input_logprobs = logits, started, input_logprobs
         return out
+
+
+def _agree(plan):
+    """The pool sizes every tensor-parallel rank can hold: the smallest of the ranks' plans
+    (their free memory differs a little)."""
+    sizes = torch.tensor([plan.max_total_tokens, plan.max_cross_tokens], dtype=torch.int64)
+    dist.all_reduce(sizes, op=dist.ReduceOp.MIN, group=parallel_state.tensor_parallel().cpu_group)
+    return dataclasses.replace(plan, max_total_tokens=int(sizes[0]),
+                               max_cross_tokens=int(sizes[1]))

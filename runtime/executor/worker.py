@@ -1,7 +1,11 @@
 """ModelWorker: the scheduler's handle on the model (the executor), running the ModelRunner.
 `launch` returns at once with the sampled tokens still on the device (their copy to the host
 already queued); `StepOutput.wait()` waits for them, so the scheduler can prepare the next
-step while the device works on this one."""
+step while the device works on this one.
+
+With `tp_size` N > 1 this process is rank 0: the worker starts ranks 1..N-1 first
+(executor/tp_ranks.py) and sends each batch to them before running it on its own shard. At
+tp_size 1 nothing of that exists."""
 
 from __future__ import annotations
 
@@ -16,16 +20,43 @@ from seq2serve.runtime.executor.worker_batch import DecoderBatch, EncodeBatch
 
 class ModelWorker:
     def __init__(self, args: ServerArgs, model_config: ModelConfig) -> None:
+        self.ranks = None
+        if args.tp_size > 1:
+            from seq2serve.runtime.executor.tp_ranks import TensorParallelRanks
+
+            self.ranks = TensorParallelRanks(args, model_config)
         self.model_runner = ModelRunner(args, model_config)
         r = self.model_runner
         self.device = r.device
         self.req_to_token_pool = r.req_to_token_pool
         self.token_to_kv_pool = r.token_to_kv_pool
         self.cross_kv_pool = r.cross_kv_pool
+        if self.ranks is not None:
+            self.ranks.mirror(r.pools)
+
+    def mirror(self, pools: dict) -> None:
+        """Pools besides the runner's whose copies every rank makes (the host tier's, named
+        as the ranks name theirs); nothing at tp_size 1."""
+        if self.ranks is not None:
+            self.ranks.mirror(pools)
+
+    def layout(self) -> dict:
+        """Where the model runs: the ranks and their devices (the startup line, stats)."""
+        size = self.model_runner.tp.size
+        if size == 1:
+            return {"tp_size": 1, "tp_devices": [self.device]}
+        from seq2serve.runtime.executor.tp_ranks import rank_device
+
+        return {"tp_size": size, "tp_devices": [rank_device(self.device, r)
+                                                for r in range(size)]}
 
     def forward_encode(self, batch: EncodeBatch) -> torch.Tensor | None:
         """Write cross K/V; returns the encoder's new hidden states (packed), if it ran."""
+        if self.ranks is not None:
+            self.ranks.send("encode", batch)
         return self.model_runner.encode(batch)
 
     def launch(self, batch: DecoderBatch) -> StepOutput:
+        if self.ranks is not None:
+            self.ranks.send("forward", batch)
         return self.model_runner.forward(batch).copy_to_host()

@@ -233,7 +233,9 @@ def run_server(args: ServerArgs) -> int:
                                 limit_concurrency=args.max_connections)
         server = DrainingServer(config, app.state.tm, args.shutdown_grace)
         info = procs.info
-        print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {info['device']} "
+        where = info["device"] if info.get("tp_size", 1) == 1 else (
+            f"tp {info['tp_size']} ranks on {','.join(info['tp_devices'])}")
+        print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {where} "
               f"{info['dtype']}, attention {info['attention_backend']}; KV pool "
               f"{info['kv_capacity_tokens']} tokens, cross-KV pool "
               f"{info['cross_capacity_tokens']} tokens) on http://{args.host}:{args.port}",

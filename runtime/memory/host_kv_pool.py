@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from seq2serve.runtime.memory.device_log import DeviceLog
 from seq2serve.runtime.memory.page_allocator import PageAllocator
 from seq2serve.runtime.memory.token_to_kv_pool import PagedKVBuffers
 
@@ -29,6 +30,8 @@ class HostKVPool:
         shape = (num_pages, p.num_layers, p.page_size, p.num_kv_heads, p.head_dim)
         self.k = torch.zeros(shape, dtype=p.dtype, pin_memory=pin)
         self.v = torch.zeros(shape, dtype=p.dtype, pin_memory=pin)
+        self.log: DeviceLog | None = None  # tensor parallelism: the copies to replay elsewhere
+        self.name = ""  # the pool's name in `log`'s records (its owner sets both)
 
     @staticmethod
     def page_bytes(device_pool: PagedKVBuffers) -> int:
@@ -47,6 +50,8 @@ class HostKVPool:
 
     def store(self, device_pages: list[int], host_pages: list[int]) -> None:
         """Queue the copy of `device_pages` (every layer, K and V) into `host_pages`."""
+        if self.log is not None:
+            self.log.record(self.name, "store", list(device_pages), list(host_pages))
         p = self.device_pool
         for buf, host in ((p._k, self.k), (p._v, self.v)):
             blocks = self._device_pages(buf, device_pages)  # one gather on the device
@@ -55,6 +60,8 @@ class HostKVPool:
 
     def load(self, host_pages: list[int], device_pages: list[int]) -> None:
         """Queue the copy of `host_pages` back into `device_pages`."""
+        if self.log is not None:
+            self.log.record(self.name, "load", list(host_pages), list(device_pages))
         p = self.device_pool
         ps = self.page_size
         for buf, host in ((p._k, self.k), (p._v, self.v)):

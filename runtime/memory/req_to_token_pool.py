@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from seq2serve.runtime.memory.device_log import DeviceLog
+
 
 class ReqToTokenPool:
     """`req_to_token[i, p]` is the TokenToKVPool slot of decoder position p of the request in
@@ -25,6 +27,28 @@ class ReqToTokenPool:
             (size + 1, max(max_encoder_len, 1)), dtype=torch.int32, device=device
         )
         self._free = list(range(size - 1, -1, -1))
+        self.log: DeviceLog | None = None  # tensor parallelism: the writes to replay elsewhere
+
+    def write(self, table: str, row: int, values: torch.Tensor) -> None:
+        """Positions [0, len(values)) of `row` of `table` ("req_to_token", "req_to_cross")."""
+        if self.log is not None:
+            self.log.record("req_to_token", "write", table, row, values)
+        t = getattr(self, table)
+        t[row, : values.numel()] = values.to(t.device)
+
+    def copy_rows(self, table: str, src: list[int], dst: list[int]) -> None:
+        """Rows `src` of `table` copied to rows `dst` (the gather copies before the scatter)."""
+        if self.log is not None:
+            self.log.record("req_to_token", "copy_rows", table, src, dst)
+        t = getattr(self, table)
+        t[dst] = t[src]
+
+    def scatter(self, rows: list[int], positions: list[int], slots: list[int]) -> None:
+        """req_to_token[rows[i], positions[i]] = slots[i]."""
+        if self.log is not None:
+            self.log.record("req_to_token", "scatter", rows, positions, slots)
+        self.req_to_token[rows, positions] = torch.tensor(slots, dtype=torch.int32,
+                                                          device=self.req_to_token.device)
 
     @property
     def num_free(self) -> int:

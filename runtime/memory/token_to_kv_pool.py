@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from seq2serve.runtime.memory.device_log import DeviceLog
 from seq2serve.runtime.memory.page_allocator import PageAllocator
 
 
@@ -32,6 +33,8 @@ class PagedKVBuffers:
         self._k = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
         self._v = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
         self.k_buffers, self.v_buffers = list(self._k.unbind(0)), list(self._v.unbind(0))
+        self.log: DeviceLog | None = None  # tensor parallelism: the writes to replay elsewhere
+        self.name = ""  # the pool's name in `log`'s records (its owner sets both)
 
     @property
     def capacity_tokens(self) -> int:
@@ -47,7 +50,15 @@ class PagedKVBuffers:
         return page_ids * self.page_size + pos % self.page_size
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """K/V of slots `src` copied to slots `dst`, in every layer (a beam's copied page)."""
+        """K/V of slots `src` copied to slots `dst` (host tensors), in every layer (a beam's
+        copied page)."""
+        if self.log is not None:
+            self.log.record(self.name, "copy_slots", src, dst)
+        device = self._k.device
+        self.copy_slots_local(src.to(device, non_blocking=True), dst.to(device, non_blocking=True))
+
+    def copy_slots_local(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`copy_slots` on this rank only (a copy every rank's forward makes itself)."""
         for buf in (self._k, self._v):
             buf[:, dst] = buf[:, src]
 

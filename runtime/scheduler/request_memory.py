@@ -81,12 +81,11 @@ class RequestMemory:
         req.kv_len = req.cached_tokens = len(pages) * self.page_size
         req.cached_public_tokens = match.public_pages * self.page_size
         if req.kv_len:  # the prefix's slots, for attention
-            row = self.req_to_token.req_to_token[req.req_pool_idx]
-            row[: req.kv_len] = self.token_to_kv.slots(pages, 0, req.kv_len).to(row.device)
+            self.req_to_token.write("req_to_token", req.req_pool_idx,
+                                    self.token_to_kv.slots(pages, 0, req.kv_len))
         if req.cross_entries:
             loc = torch.cat([e.handle.loc for e in req.cross_entries])
-            row = self.req_to_token.req_to_cross[req.req_pool_idx]
-            row[: loc.numel()] = loc.to(row.device)
+            self.req_to_token.write("req_to_cross", req.req_pool_idx, loc)
         if fresh:
             req.encoder_cache_hit = bool(req.segments) and all(
                 j.work is not EncodeWork.ENCODE for j in jobs)
@@ -318,18 +317,15 @@ class _DeviceCopies:
 
     def apply(self, req_to_token: ReqToTokenPool, kv: TokenToKVPool) -> None:
         ps = kv.page_size
-        for table, pairs in ((req_to_token.req_to_token, self.tables),
-                             (req_to_token.req_to_cross, self.cross)):
+        for table, pairs in (("req_to_token", self.tables), ("req_to_cross", self.cross)):
             if pairs:
                 src, dst = zip(*pairs)
-                table[list(dst)] = table[list(src)]  # (the gather copies before the scatter)
+                req_to_token.copy_rows(table, list(src), list(dst))
         if self.pages:
             src = [pg * ps + i for pg, _, n in self.pages for i in range(n)]
             dst = [pg * ps + i for _, pg, n in self.pages for i in range(n)]
-            device = req_to_token.req_to_token.device
-            kv.copy_slots(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+            kv.copy_slots(torch.tensor(src), torch.tensor(dst))
             rows = [r for r, _, _, n in self.fixes for _ in range(n)]
             pos = [p + i for _, p, _, n in self.fixes for i in range(n)]
             slots = [s + i for _, _, s, n in self.fixes for i in range(n)]
-            req_to_token.req_to_token[rows, pos] = torch.tensor(
-                slots, dtype=torch.int32, device=device)
+            req_to_token.scatter(rows, pos, slots)

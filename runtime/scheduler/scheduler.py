@@ -100,6 +100,8 @@ class Scheduler:
         self.encoder_cache = None
         shared = args.cache_isolation == "shared"  # each cache counts its own promotions
         host_kv, host_cross = host_pools(args.host_cache_gb, w.token_to_kv_pool, w.cross_kv_pool)
+        if hasattr(w, "mirror"):  # tensor parallelism: every rank copies its slice too
+            w.mirror({"host_token_to_kv": host_kv, "host_cross_kv": host_cross})
         if w.cross_kv_pool is not None:
             self.encoder_cache = EncoderCache(w.cross_kv_pool,
                                               enabled=not args.disable_encoder_cache,
@@ -566,7 +568,7 @@ class Scheduler:
         return outputs
 
     def _kv_bytes(self, req: Req, pages: int) -> int:
-        """KV bytes a request holds: `pages` decoder pages and its cross K/V."""
+        """KV bytes a request holds, on all ranks: `pages` decoder pages and its cross K/V."""
         def per_slot(p) -> int:
             return 2 * p.num_layers * p.num_kv_heads * p.head_dim * p.dtype.itemsize
 
@@ -574,7 +576,7 @@ class Scheduler:
         total = pages * pool.page_size * per_slot(pool)
         if cross is not None:
             total += sum(e.handle.loc.numel() for e in req.cross_entries) * per_slot(cross)
-        return total
+        return total * self.args.tp_size  # each tensor-parallel rank holds its heads' slice
 
     def _decode_tail(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

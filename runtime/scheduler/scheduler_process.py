@@ -65,6 +65,7 @@ def scheduler_info(scheduler: Scheduler) -> dict:
         **dataclasses.asdict(scheduler.limits),  # what a request may be (ModelLimits)
         "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
         "device": runner.device,
+        **scheduler.worker.layout(),  # tensor-parallel ranks and their devices
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention_backend": runner.backend_name,
         "pid": os.getpid(),
@@ -131,7 +132,7 @@ class SchedulerLoop:
                 s.check_integrity()
                 return ControlReply(msg.kind, msg.tag, True, {"idle": not s.has_work})
             if msg.kind == "stats":
-                return ControlReply(msg.kind, msg.tag, True, s.stats())
+                return ControlReply(msg.kind, msg.tag, True, {**s.stats(), **s.worker.layout()})
             if msg.kind == "flush_cache":
                 return ControlReply(msg.kind, msg.tag, s.flush_cache())
         except AssertionError as e:

@@ -1,0 +1,203 @@
+"""Tensor parallelism on the CPU (gloo): `tp_size=2` gives the same greedy tokens as
+Hugging Face (and so as `tp_size=1`) in float32 for T5 (6 heads), Llama (GQA: 6 query heads,
+2 key/value heads) and Mllama (with images), through `Seq2SeqEngine`; sizes that do not divide
+the heads are refused with a message naming them; a rank that dies takes the server down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from seq2serve import Seq2SeqEngine
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.tools.demo_checkpoint import (
+    write_llama_checkpoint,
+    write_mllama_checkpoint,
+)
+from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
+from seq2serve.tests.server_helpers import ServerProcess
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+SEEDED = {"max_new_tokens": 8, "temperature": 1.5, "top_p": 0.95, "seed": 7, "ignore_eos": True}
+# 6 heads (3 a rank), gated and plain feed-forward, tied and untied heads; an odd vocabulary
+# (the last rank's embedding rows are padding)
+T5_TP = {"vocab_size": 32101, "d_model": 48, "d_kv": 8, "num_heads": 6, "d_ff": 96,
+         "num_layers": 2, "num_decoder_layers": 2, "feed_forward_proj": "gated-gelu",
+         "tie_word_embeddings": False, "relative_attention_num_buckets": 8,
+         "relative_attention_max_distance": 16, "seed": 4}
+POOLS = {"device": "cpu", "max_total_tokens": 2048, "max_cross_tokens": 2048}
+
+
+@pytest.fixture(scope="module")
+def t5_tp_dir(tmp_path_factory):
+    return str(make_t5(tmp_path_factory.mktemp("t5tp"), **T5_TP))
+
+
+def test_t5_tp2_matches_hf_and_tp1(t5_tp_dir):
+    tok = load_tokenizer(t5_tp_dir)
+    sources = SOURCES[:6]
+    refs = [hf_greedy(t5_tp_dir, tok(s).input_ids, GREEDY["max_new_tokens"]) for s in sources]
+    assert len({tuple(r) for r in refs}) > 2  # the oracle's outputs differ by source
+    with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=2, **POOLS) as engine:
+        assert engine.stats()["tp_devices"] == ["cpu", "cpu"]
+        outs = engine.generate(prompt=sources, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == refs
+        # a repeated source hits the encoder cache: its cross K/V slots, named by rank 0's
+        # books, hold the right heads on both ranks
+        again = engine.generate(prompt=sources[0], sampling_params=GREEDY)
+        assert again["meta_info"]["encoder_cache_hit"] and again["output_ids"] == refs[0]
+        sampled = engine.generate(prompt=sources, sampling_params=SEEDED)
+        engine.check_integrity()
+    with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=1, **POOLS) as engine:
+        single = engine.generate(prompt=sources, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in single] == refs
+        # a request's K/V bytes count every rank's slice: as much as on one rank
+        assert [o["meta_info"]["kv_bytes"] for o in single] == \
+            [o["meta_info"]["kv_bytes"] for o in outs]
+        # seeded sampling draws the same tokens from the gathered logits as from one rank's
+        alone = engine.generate(prompt=sources, sampling_params=SEEDED)
+    assert [o["output_ids"] for o in sampled] == [o["output_ids"] for o in alone]
+    assert [o["output_ids"] for o in alone] != refs
+
+
+def test_t5_int8_tp2_quantizes_each_shard_as_the_whole(t5_tp_dir):
+    """Each rank quantizes its shard; a row-parallel shard takes its rows' scales over every
+    rank's columns, so the 8-bit values are those of tp_size 1 and so are the tokens."""
+    sources = SOURCES[:4]
+    outs = {}
+    for tp in (2, 1):
+        with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=tp, quantization="int8",
+                           **POOLS) as engine:
+            outs[tp] = [o["output_ids"] for o in engine.generate(prompt=sources,
+                                                                 sampling_params=GREEDY)]
+    assert outs[2] == outs[1]
+
+
+def test_t5_tp2_host_tier_brings_back_every_ranks_heads(t5_tp_dir):
+    """An encoder output evicted to the host tier comes back without the encoder: each rank
+    stored and loaded its own heads' K/V (the scheduler's copies, replayed on rank 1)."""
+    tok = load_tokenizer(t5_tp_dir)
+    a, b = SOURCES[0], SOURCES[4]
+    need = max(len(tok(a).input_ids), len(tok(b).input_ids))
+    with Seq2SeqEngine(model_path=t5_tp_dir, tp_size=2, device="cpu", page_size=4,
+                       max_cross_tokens=need + 4, encoder_hidden_cache_mb=0,
+                       host_cache_gb=0.01) as engine:
+        first = engine.generate(prompt=a, sampling_params=GREEDY)
+        engine.generate(prompt=b, sampling_params=GREEDY)  # evicts a's cross K/V to the host
+        again = engine.generate(prompt=a, sampling_params=GREEDY)
+        stats = engine.stats()
+        engine.check_integrity()
+    assert first["output_ids"] == hf_greedy(t5_tp_dir, tok(a).input_ids, 8)
+    assert again["meta_info"]["encoder_cache_hit"] and again["output_ids"] == first["output_ids"]
+    assert stats["encoder_cache_host_hits"] == 1
+
+
+def _hf_causal_greedy(path: str, ids: list[int], n: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, num_beams=1,
+                          min_new_tokens=n, attention_mask=torch.ones(1, len(ids)))
+    return out[0, len(ids):].tolist()
+
+
+def test_llama_gqa_tp2_matches_hf_with_a_cached_prefix(tmp_path):
+    # 6 query heads over 2 key/value heads: each rank keeps one group of 3
+    path = str(write_llama_checkpoint(tmp_path / "llama", init_scale=10.0, seed=1,
+                                      hidden_size=48, intermediate_size=96,
+                                      num_attention_heads=6, num_key_value_heads=2))
+    tok = load_tokenizer(path)
+    prompts = ["The capital of France is", "1 2 3 4 5 6 7 8 9 10 11 12", "A long prompt " * 12]
+    ids = [tok(p).input_ids for p in prompts]
+    refs = [_hf_causal_greedy(path, i, GREEDY["max_new_tokens"]) for i in ids]
+    assert len({tuple(r) for r in refs}) == len(refs)
+    with Seq2SeqEngine(model_path=path, tp_size=2, page_size=4, **POOLS) as engine:
+        outs = engine.generate(input_ids=ids, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == refs
+        # the long prompt again: its prefix's slots come from the radix cache (rank 0's
+        # books), written into every rank's table row
+        again = engine.generate(input_ids=ids[2], sampling_params=GREEDY)
+        assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == refs[2]
+        engine.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def mllama_tp():
+    import tempfile
+
+    from seq2serve.tests.mllama_oracle import MllamaOracle, random_image
+
+    with tempfile.TemporaryDirectory() as d:
+        # vision: 2 heads (1 a rank); text: 4 query heads over 2 key/value heads
+        path = str(write_mllama_checkpoint(d, seed=3))
+        yield path, MllamaOracle(path), [random_image(1, 40, 90), random_image(2, 100, 30)]
+
+
+def test_mllama_tp2_matches_hf_with_images(mllama_tp):
+    path, oracle, images = mllama_tp
+    tok = oracle.processor.tokenizer
+    text = tok("Describe the picture", add_special_tokens=False).input_ids
+    image, bos = 128256, tok.bos_token_id
+    cases = [([image, bos] + text, [images[0]]),
+             ([image, image, bos] + text, [images[0], images[1]]),
+             ([bos] + text, [])]
+    with Seq2SeqEngine(model_path=path, tp_size=2, max_images_per_request=2,
+                       max_image_pixels=200_000, **POOLS) as engine:
+        outs = engine.generate(input_ids=[c[0] for c in cases],
+                               image_data=[c[1] for c in cases], sampling_params=GREEDY)
+        for (ids, imgs), out in zip(cases, outs):
+            assert out["output_ids"] == oracle.generate_ids(ids, imgs, GREEDY["max_new_tokens"])
+        # beam search: the beams' table rows and copied last pages, on every rank
+        ids = cases[0][0]
+        out = engine.generate(input_ids=ids, image_data=[images[0]],
+                              sampling_params={"num_beams": 3, "max_new_tokens": 6,
+                                               "ignore_eos": True})
+        engine.check_integrity()
+    (tokens, score), = oracle.beams(ids, [images[0]], 6, num_beams=3, eos_token_id=[])
+    assert out["output_ids"] == tokens
+    assert out["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)
+
+
+@pytest.mark.parametrize("tp_size, message", [
+    (4, "tp_size 4 does not divide the model's 6 attention heads"),
+    (0, "tp_size must be a positive integer"),
+])
+def test_a_tp_size_that_does_not_fit_is_refused(t5_tp_dir, tp_size, message):
+    with pytest.raises(Exception, match=message):
+        Seq2SeqEngine(model_path=t5_tp_dir, tp_size=tp_size, **POOLS)
+
+
+def _rank_processes(scheduler_pid: int) -> list[int]:
+    """The scheduler's children started by multiprocessing's spawn (the tp ranks)."""
+    out = subprocess.run(["pgrep", "-P", str(scheduler_pid)], capture_output=True, text=True,
+                         check=False)
+    return [int(p) for p in out.stdout.split() if b"spawn_main" in _cmdline(int(p))]
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def test_a_dead_rank_ends_the_server(t5_tp_dir):
+    srv = ServerProcess(t5_tp_dir, "--tp-size", "2", "--max-total-tokens", "2048",
+                        "--max-cross-tokens", "2048")
+    try:
+        scheduler = next(p for p in srv.children() if b"scheduler" in _cmdline(p))
+        ranks = _rank_processes(scheduler)
+        assert len(ranks) == 1
+        assert "tp 2 ranks on cpu,cpu" in srv.output()  # the startup line's layout
+        os.kill(ranks[0], signal.SIGKILL)
+        start = time.monotonic()
+        code = srv.proc.wait(timeout=15)
+        assert code != 0 and time.monotonic() - start < 15
+        out = srv.output()
+        assert "tensor-parallel rank 1" in out and "scheduler process" in out
+    finally:
+        srv.kill()
