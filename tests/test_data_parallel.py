@@ -76,7 +76,7 @@ def test_200_concurrent_requests_nothing_lost(server):
     # missing, or another request's
     wrong = [(want, got) for want, got in zip(expected, texts) if got != want]
     assert len(texts) == 200 and len(wrong) <= 4, wrong
-    assert not set(got for _, got in wrong) & set(expected)
+    assert not {got for _, got in wrong} & set(expected)
     after = httpx.get(server.url + "/debug/stats").json()
     router = after["router"]
     assert router["outstanding_requests"] == [0, 0] and router["outstanding_tokens"] == [0, 0]
