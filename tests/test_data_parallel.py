@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from seq2serve import Seq2SeqEngine
-from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
+from seq2serve.runtime.tools.demo_checkpoint import default_demo_path, write_mllama_checkpoint
+from seq2serve.tests.mllama_oracle import random_image
 from seq2serve.tests.number_words import is_held_out, number_to_words
 from seq2serve.tests.server_helpers import ServerProcess
 
@@ -140,6 +141,25 @@ def test_one_replica_runs_as_before():
         assert out["text"] == "forty-two" and "replica" not in out["meta_info"]
         stats = engine.stats()
         assert "replicas" not in stats and stats["layout"]["dp_size"] == 1
+
+
+def test_a_repeated_image_goes_to_the_replica_that_cached_it(tmp_path):
+    model = str(write_mllama_checkpoint(tmp_path / "mllama", seed=3))
+    images = [random_image(i, 28 + 10 * i, 40) for i in range(4)]
+    greedy = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    with Seq2SeqEngine(model_path=model, device="cpu", dp_size=2) as engine:
+        # one call of four images: routed one by one, so both replicas get some
+        first = engine.generate(prompt=["<|image|>Describe"] * 4,
+                                image_data=[[im] for im in images], sampling_params=greedy)
+        assert {o["meta_info"]["replica"] for o in first} == {0, 1}
+        order = [2, 0, 3, 1]
+        again = engine.generate(prompt=["<|image|>Describe"] * 4,
+                                image_data=[[images[i]] for i in order], sampling_params=greedy)
+        for i, o in zip(order, again):
+            assert o["meta_info"]["encoder_cache_hit"]
+            assert o["meta_info"]["replica"] == first[i]["meta_info"]["replica"]
+            assert o["output_ids"] == first[i]["output_ids"]
+        engine.check_integrity()
 
 
 def test_a_dead_replica_is_reported_and_ends_the_server(server):
