@@ -7,7 +7,8 @@ pages). The router remembers where it sent each key in a bounded LRU table, so a
 server's memory stays flat; it does not hear of evictions, so an affinity is a good guess,
 never a promise (a replica that evicted the entry just recomputes it). With no affinity, or
 when the replica it points to is far busier than the least loaded one (SGLang's router keeps
-the same balance guard), the request goes to the replica with the fewest outstanding tokens.
+the same balance guard), the request goes to the replica with the fewest outstanding tokens
+(ties in turn).
 
 The router deals only in keys and counts (no sockets, no tensors): the TokenizerManager's
 `SchedulerLink` calls `route` as it sends and `release` when a request ends.
@@ -79,15 +80,20 @@ class DataParallelRouter:
         self.tokens = [0] * replicas  # outstanding tokens per replica
         self.requests = [0] * replicas  # outstanding requests per replica
         self.routed = {"affinity": [0] * replicas, "least_loaded": [0] * replicas}
+        self.turn = 0  # the replica first in line among equally loaded ones
 
     def route(self, keys: list[RouteKey], cost: int) -> int:
         """The replica for a request with these keys; its cost counts there until release."""
-        least = min(range(self.replicas), key=lambda r: (self.tokens[r], self.requests[r]))
+        # ties (idle replicas, say) go round in turn, so that work and caches spread
+        n = self.replicas
+        least = min(range(n), key=lambda r: (self.tokens[r], self.requests[r],
+                                             (r - self.turn) % n))
         best = self._affinity(keys)
         if best is not None and not self._overloaded(best, least):
             choice, reason = best, "affinity"
         else:
             choice, reason = least, "least_loaded"
+            self.turn = (least + 1) % n
         self.routed[reason][choice] += 1
         self.tokens[choice] += cost
         self.requests[choice] += 1

@@ -221,3 +221,14 @@ def test_metrics_carry_a_replica_label_only_with_several():
     one = ServerMetrics()
     one.set_stats(per)
     assert "seq2serve_num_running_reqs 1.0" in one.render().decode()
+
+
+def test_idle_replicas_take_turns():
+    # one request at a time, each ended before the next: every replica is idle each time
+    router = DataParallelRouter(3)
+    picks = []
+    for i in range(9):
+        r = _req(enc=[i, 42])
+        picks.append(_route(router, r))
+        router.release(picks[-1], request_cost(r))
+    assert picks == [0, 1, 2] * 3
