@@ -9,6 +9,10 @@ For each dp size it starts `seq2serve serve` on a free port, runs the streaming 
 `seq2serve bench serving` (throughput, TTFT, ITL), then sends a set of sources twice and
 reports the second round's encoder-cache hits and whether each went to the same replica;
 it prints one JSON object with each run and the throughput ratio to the first.
+
+On a CPU the ratio says little: each of N replicas runs cores/N threads, and one replica
+with every core can be far slower on a busy host (OpenMP threads waiting on each other; on
+the shared 2-core CI host one replica gave 43 tok/s, and 697 with OMP_NUM_THREADS=1).
 """
 
 from __future__ import annotations

@@ -232,3 +232,14 @@ def test_idle_replicas_take_turns():
         picks.append(_route(router, r))
         router.release(picks[-1], request_cost(r))
     assert picks == [0, 1, 2] * 3
+
+
+def test_the_frontend_checks_requests_against_the_smallest_replica():
+    from seq2serve.runtime.frontend.launch import _combined
+
+    base = {"vocab_size": 100, "input_vocab_size": 100, "is_encoder_decoder": True,
+            "context_length": 512, "max_encoder_len": 512, "device": "cuda:0"}
+    info = _combined([{**base, "kv_capacity_tokens": 9000, "cross_capacity_tokens": 800},
+                      {**base, "kv_capacity_tokens": 7000, "cross_capacity_tokens": 900}])
+    assert (info["kv_capacity_tokens"], info["cross_capacity_tokens"]) == (7000, 800)
+    assert info["dp_size"] == 2 and info["is_encoder_decoder"] is True
