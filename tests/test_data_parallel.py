@@ -27,6 +27,8 @@ DEMO = str(default_demo_path())
 # numbers from the demo model's training split: it answers them exactly
 POOL = [n for n in random.Random(7).sample(range(100_000), 600) if not is_held_out(n)]
 LOAD, REPEATED = POOL[:200], POOL[200:232]
+# pools of a few MB (by default a CPU replica plans them from the host's free memory)
+POOLS = ("--max-total-tokens", "16384", "--max-cross-tokens", "16384")
 
 
 def _prompt(n: int) -> str:
@@ -41,7 +43,7 @@ def _schedulers(srv: ServerProcess) -> list[int]:
 @pytest.fixture(scope="module")
 def server():
     """One dp_size 2 server for the module; its last test kills a replica."""
-    srv = ServerProcess(DEMO, "--dp-size", "2")
+    srv = ServerProcess(DEMO, "--dp-size", "2", *POOLS)
     yield srv
     srv.kill()
 
@@ -131,7 +133,8 @@ def test_flush_reaches_every_replica(server):
 def test_one_replica_runs_as_before():
     me = psutil.Process()
     before = {p.pid for p in me.children()}
-    with Seq2SeqEngine(model_path=DEMO, device="cpu") as engine:
+    with Seq2SeqEngine(model_path=DEMO, device="cpu", max_total_tokens=4096,
+                       max_cross_tokens=4096) as engine:
         started = [p for p in me.children() if p.pid not in before]
         assert len(started) == 2  # one scheduler, one detokenizer: no router process
         assert len(engine.procs.schedulers) == 1
@@ -147,7 +150,8 @@ def test_a_repeated_image_goes_to_the_replica_that_cached_it(tmp_path):
     model = str(write_mllama_checkpoint(tmp_path / "mllama", seed=3))
     images = [random_image(i, 28 + 10 * i, 40) for i in range(4)]
     greedy = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    with Seq2SeqEngine(model_path=model, device="cpu", dp_size=2) as engine:
+    with Seq2SeqEngine(model_path=model, device="cpu", dp_size=2, max_total_tokens=4096,
+                       max_cross_tokens=4096) as engine:
         # one call of four images: routed one by one, so both replicas get some
         first = engine.generate(prompt=["<|image|>Describe"] * 4,
                                 image_data=[[im] for im in images], sampling_params=greedy)
