@@ -34,6 +34,7 @@ class ServerArgs:
     attention_backend: str | None = None  # unset: triton on CUDA, torch_batched on CPU
     page_size: int = 16  # decoder and encoder tokens per KV page
     mem_fraction: float = 0.85  # share of free device memory for weights + pools
+    dp_size: int = 1  # data-parallel replicas: schedulers with their own GPUs, pools and caches
     cross_kv_fraction: float | None = None  # pool budget share for cross K/V (unset: by size)
     max_total_tokens: int | None = None  # decoder KV pool size in tokens (unset: from the budget)
     max_cross_tokens: int | None = None  # cross K/V pool size in tokens (unset: from the budget)
@@ -92,8 +93,8 @@ class ServerArgs:
             )
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        _positive = ("tp_size", "page_size", "max_running_requests", "max_prefill_tokens",
-                     "port",
+        _positive = ("tp_size", "dp_size", "page_size", "max_running_requests",
+                     "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
                      "max_n", "max_batch_inputs", "max_connections",
@@ -113,6 +114,10 @@ class ServerArgs:
         if not (isinstance(self.shutdown_grace, (int, float)) and self.shutdown_grace >= 0):
             raise ValueError(f"shutdown_grace must be a non-negative number of seconds, "
                              f"got {self.shutdown_grace!r}")
+        if self.dp_size > 1 and self.device is not None and self.device.startswith("cuda:"):
+            raise ValueError(f"device {self.device!r} pins one GPU, but dp_size {self.dp_size} "
+                             f"replicas each take their own: use device 'cuda' and choose the "
+                             f"GPUs with CUDA_VISIBLE_DEVICES")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
         if self.cache_isolation not in ("none", "user", "shared"):

@@ -181,7 +181,10 @@ class Seq2SeqEngine:
         return reply.payload
 
     def stats(self) -> dict[str, Any]:
-        return self._call(self.tokenizer_manager.control("stats")).payload
+        """The scheduler's counters; with `dp_size` > 1 summed over the replicas, each one's
+        under "replicas" and the router's under "router". "layout": where the replicas run."""
+        return {**self._call(self.tokenizer_manager.control("stats")).payload,
+                "layout": self.procs.layout()}
 
     def flush_cache(self) -> bool:
         return self._call(self.tokenizer_manager.control("flush_cache")).ok

@@ -60,7 +60,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
                          allow_remote=args.allow_remote_media, max_pixels=args.max_image_pixels)
     tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
                           media_policy=policy, limits=args.request_limits())
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(replicas=len(procs.schedulers))
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
     serving = OpenAIServing(tm, model_name, args.model_path)
@@ -155,7 +155,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     @app.get("/metrics")
     async def prometheus():
         reply = await tm.control("stats")
-        metrics.set_scheduler_stats(reply.payload)
+        metrics.set_stats(reply.payload)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/debug/integrity")
@@ -167,7 +167,9 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
 
     @app.get("/debug/stats")
     async def stats():
-        return (await tm.control("stats")).payload
+        """The scheduler's counters (summed over replicas, each replica's under "replicas"),
+        and where the replicas run ("layout")."""
+        return {**(await tm.control("stats")).payload, "layout": procs.layout()}
 
     return app
 
@@ -238,7 +240,8 @@ def run_server(args: ServerArgs) -> int:
         print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {where} "
               f"{info['dtype']}, attention {info['attention_backend']}; KV pool "
               f"{info['kv_capacity_tokens']} tokens, cross-KV pool "
-              f"{info['cross_capacity_tokens']} tokens) on http://{args.host}:{args.port}",
+              f"{info['cross_capacity_tokens']} tokens) on http://{args.host}:{args.port}"
+              + (f"; {procs.describe_layout()}" if len(procs.schedulers) > 1 else ""),
               file=sys.stderr, flush=True)
         server.run()
         if not server.started and exit_code == 0:

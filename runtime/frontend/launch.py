@@ -1,4 +1,5 @@
-"""Starting, watching and stopping the scheduler and detokenizer processes.
+"""Starting, watching and stopping the scheduler and detokenizer processes (one scheduler per
+data-parallel replica, `--dp-size`; one detokenizer for all of them).
 
 Children are fresh interpreters (`python -m seq2serve.runtime.frontend.child`), not multiprocessing
 spawns: they never re-import the caller's __main__, so a plain script, a notebook or a
@@ -7,6 +8,7 @@ REPL can start an engine without an `if __name__ == "__main__"` guard.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -14,11 +16,13 @@ import select
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.frontend.replica_layout import plan_replicas
 from seq2serve.runtime.messages.ipc import IpcNames
+from seq2serve.runtime.messages.model_limits import ModelLimits
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ logger = logging.getLogger(__name__)
 class ChildProcess:
     name: str
     proc: subprocess.Popen
+    replica: int | None = None  # a data-parallel replica's scheduler: its index
 
     @property
     def pid(self) -> int:
@@ -39,24 +44,53 @@ class ChildProcess:
     def exitcode(self) -> int | None:
         return self.proc.poll()
 
+    @property
+    def label(self) -> str:
+        """How messages name it: the scheduler process (of replica 1, with several)."""
+        of = "" if self.replica is None else f" of replica {self.replica}"
+        return f"the {self.name} process{of}"
+
 
 @dataclass
 class RuntimeProcesses:
     ipc: IpcNames
-    scheduler: ChildProcess
+    schedulers: list[ChildProcess]  # one per data-parallel replica
     detokenizer: ChildProcess
-    info: dict[str, Any]  # what the scheduler reported when ready
+    # what the scheduler reported when ready; with several replicas, replica 0's with each
+    # request limit the strictest of all (a request any replica could refuse is refused)
+    info: dict[str, Any]
+    replicas: list[dict[str, Any]] = field(default_factory=list)  # each replica's own report
+
+    @property
+    def scheduler(self) -> ChildProcess:
+        return self.schedulers[0]
 
     @property
     def children(self) -> list[ChildProcess]:
-        return [self.scheduler, self.detokenizer]
+        return [*self.schedulers, self.detokenizer]
 
     def dead_child(self) -> str | None:
         """A message naming the child process that has died, or None while all run."""
         for c in self.children:
             if not c.is_alive():
-                return f"the {c.name} process (pid {c.pid}) died with exit code {c.exitcode}"
+                return f"{c.label} (pid {c.pid}) died with exit code {c.exitcode}"
         return None
+
+    def layout(self) -> dict[str, Any]:
+        """The replicas (a scheduler each), their processes and devices: /debug/stats."""
+        return {"dp_size": len(self.schedulers),
+                "replicas": [{"replica": i, "pid": c.pid, "device": r.get("device"),
+                              "gpus": r.get("gpus", [])}
+                             for i, (c, r) in enumerate(zip(self.schedulers, self.replicas))]}
+
+    def describe_layout(self) -> str:
+        """The replicas and their devices, for the start-up line ("" with one replica)."""
+        if len(self.schedulers) == 1:
+            return ""
+        where = ", ".join(f"{r['replica']}: {r['device']}"
+                          + (f" (GPU {','.join(r['gpus'])})" if r["gpus"] else "")
+                          for r in self.layout()["replicas"])
+        return f"{len(self.schedulers)} data-parallel replicas ({where})"
 
     def shutdown(self, timeout: float = 5.0) -> None:
         _stop(self.children, timeout)
@@ -64,16 +98,19 @@ class RuntimeProcesses:
 
 
 def launch_processes(args: ServerArgs) -> RuntimeProcesses:
-    """Start both children and wait until they are ready. A child's start-up error (say, a
-    model directory without weights) is raised here with its message (ValueError stays one)."""
-    ipc = IpcNames.new()
+    """Start the children (one scheduler per data-parallel replica and the detokenizer) and
+    wait until they are ready. A child's start-up error (say, a model directory without
+    weights) is raised here with its message (ValueError stays one)."""
+    placements = plan_replicas(args)
+    ipc = IpcNames.new(len(placements))
+    several = len(placements) > 1
     started: list[tuple[ChildProcess, int]] = []
     try:
-        for name in ("scheduler", "detokenizer"):
-            started.append(_start(name, args, ipc))
-        info: dict[str, Any] = {}
-        for child, ready_fd in started:
-            info.update(_wait_ready(child, ready_fd).get("info", {}))
+        for p in placements:
+            started.append(_start("scheduler", p.args, ipc.for_replica(p.index), p.env,
+                                  p.index if several else None))
+        started.append(_start("detokenizer", args, ipc))
+        reports = [_wait_ready(child, fd).get("info", {}) for child, fd in started]
     except BaseException:
         _stop([c for c, _ in started], timeout=2.0)
         ipc.cleanup()
@@ -81,20 +118,35 @@ def launch_processes(args: ServerArgs) -> RuntimeProcesses:
     finally:
         for _, fd in started:
             os.close(fd)
-    return RuntimeProcesses(ipc, started[0][0], started[1][0], info)
+    replicas = [{**info, "gpus": list(p.gpus)} for info, p in zip(reports, placements)]
+    info = _combined(replicas)
+    info.update(reports[-1])  # the detokenizer's (nothing today)
+    return RuntimeProcesses(ipc, [c for c, _ in started[:-1]], started[-1][0], info, replicas)
 
 
-def _start(name: str, args: ServerArgs, ipc: IpcNames) -> tuple[ChildProcess, int]:
+def _combined(replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    info = {k: v for k, v in replicas[0].items() if k != "gpus"}
+    for f in dataclasses.fields(ModelLimits):
+        if f.type == "int":  # sizes: the smallest replica's
+            info[f.name] = min(r[f.name] for r in replicas)
+    if len(replicas) > 1:
+        info["dp_size"] = len(replicas)
+    return info
+
+
+def _start(name: str, args: ServerArgs, ipc: IpcNames, env: dict[str, str] | None = None,
+           replica: int | None = None) -> tuple[ChildProcess, int]:
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, "-m", "seq2serve.runtime.frontend.child", name],
         stdin=subprocess.PIPE, pass_fds=(write_fd,),
+        env={**os.environ, **env} if env else None,
     )
     os.close(write_fd)
     proc.stdin.write(pickle.dumps({"args": args, "ipc": ipc, "ready_fd": write_fd,
                                    "parent_pid": os.getpid()}))
     proc.stdin.close()
-    return ChildProcess(name, proc), read_fd
+    return ChildProcess(name, proc, replica), read_fd
 
 
 def _wait_ready(child: ChildProcess, fd: int) -> dict[str, Any]:
@@ -109,11 +161,11 @@ def _wait_ready(child: ChildProcess, fd: int) -> dict[str, Any]:
         elif not child.is_alive():
             break
     if not data:
-        raise RuntimeError(f"the {child.name} process exited during start-up "
+        raise RuntimeError(f"{child.label} exited during start-up "
                            f"(exit code {child.exitcode})")
     msg = pickle.loads(data)
     if msg["status"] != "ready":
-        logger.debug("%s start-up failed:\n%s", child.name, msg.get("traceback", ""))
+        logger.debug("%s start-up failed:\n%s", child.label, msg.get("traceback", ""))
         exc = ValueError if msg.get("type") == "ValueError" else RuntimeError
         raise exc(msg["message"])
     return msg

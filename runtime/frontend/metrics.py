@@ -8,7 +8,7 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, replicas: int = 1) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("seq2serve_requests", "Requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
@@ -23,38 +23,53 @@ class ServerMetrics:
                              registry=r)
         self.e2e = Histogram("seq2serve_e2e_request_latency_seconds", "Request latency",
                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.running = Gauge("seq2serve_num_running_reqs", "Requests decoding", registry=r)
-        self.waiting = Gauge("seq2serve_num_waiting_reqs", "Requests queued", registry=r)
+        # the scheduler's figures: with data parallelism one series per replica ("replica")
+        self.replicas = replicas
+        rl = ["replica"] if replicas > 1 else []
+        self.running = Gauge("seq2serve_num_running_reqs", "Requests decoding", rl, registry=r)
+        self.waiting = Gauge("seq2serve_num_waiting_reqs", "Requests queued", rl, registry=r)
         self.kv_usage = Gauge("seq2serve_kv_cache_usage", "Share of decoder KV slots in use",
-                              registry=r)
+                              rl, registry=r)
         self.cross_usage = Gauge("seq2serve_cross_kv_cache_usage",
-                                 "Share of cross-attention KV slots in use", registry=r)
+                                 "Share of cross-attention KV slots in use", rl, registry=r)
         self.encoder_hit_rate = Gauge("seq2serve_encoder_cache_hit_rate",
-                                      "Encoder inputs served from the encoder cache", registry=r)
+                                      "Encoder inputs served from the encoder cache", rl,
+                                      registry=r)
         self.encoder_entries = Gauge("seq2serve_encoder_cache_entries",
-                                     "Encoder outputs cached (either tier)", registry=r)
+                                     "Encoder outputs cached (either tier)", rl, registry=r)
         self.encoder_hot_tokens = Gauge("seq2serve_encoder_cache_hot_tokens",
-                                        "Cross K/V tokens held by the encoder cache", registry=r)
+                                        "Cross K/V tokens held by the encoder cache", rl,
+                                        registry=r)
         self.encoder_hidden_bytes = Gauge("seq2serve_encoder_cache_hidden_bytes",
-                                          "Encoder hidden states kept (warm tier)", registry=r)
+                                          "Encoder hidden states kept (warm tier)", rl,
+                                          registry=r)
         self.prefix_hit_rate = Gauge("seq2serve_prefix_cache_hit_rate",
                                      "Decoder prompt tokens served from the radix cache",
-                                     registry=r)
+                                     rl, registry=r)
         self.prefix_tokens = Gauge("seq2serve_prefix_cache_tokens",
-                                   "Decoder tokens held by the radix cache", registry=r)
+                                   "Decoder tokens held by the radix cache", rl, registry=r)
         # --cache-isolation shared: cumulative counts come from the scheduler, hence gauges
         self.scoped = Gauge("seq2serve_cache_scoped", "Shared isolation: public and private "
-                            "radix tokens and encoder entries", ["cache", "scope"], registry=r)
+                            "radix tokens and encoder entries", ["cache", "scope", *rl],
+                            registry=r)
         self.promotions = Gauge("seq2serve_cache_promotions", "Shared isolation: entries made "
-                                "public (since start)", ["cache"], registry=r)
+                                "public (since start)", ["cache", *rl], registry=r)
         self.merged_tokens = Gauge("seq2serve_cache_merged_tokens", "Shared isolation: tokens "
-                                   "of private copies freed by merging (since start)", ["cache"],
-                                   registry=r)
+                                   "of private copies freed by merging (since start)",
+                                   ["cache", *rl], registry=r)
         # --host-cache-gb
         self.host_tokens = Gauge("seq2serve_host_cache_tokens", "Tokens of K/V held by the "
-                                 "host tier", ["cache"], registry=r)
+                                 "host tier", ["cache", *rl], registry=r)
         self.host_loads = Gauge("seq2serve_host_cache_loads", "Host-tier hits (radix: tokens "
-                                "loaded back; encoder: inputs) since start", ["cache"], registry=r)
+                                "loaded back; encoder: inputs) since start", ["cache", *rl],
+                                registry=r)
+
+        if replicas > 1:  # the data-parallel router's counts
+            self.routed = Gauge("seq2serve_dp_routed_requests", "Requests sent to each replica, "
+                                "by why (affinity, least_loaded), since start",
+                                ["replica", "reason"], registry=r)
+            self.outstanding = Gauge("seq2serve_dp_outstanding_requests", "Requests sent to "
+                                     "each replica and not yet ended", ["replica"], registry=r)
 
     # hooks called by the tokenizer manager
     def on_first_token(self, ttft: float) -> None:
@@ -70,34 +85,55 @@ class ServerMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.e2e.observe(e2e)
 
-    def set_scheduler_stats(self, stats: dict) -> None:
-        self.running.set(stats.get("running_requests", 0))
-        self.waiting.set(stats.get("waiting_requests", 0))
+    def set_scheduler_stats(self, stats: dict, replica: int | None = None) -> None:
+        """One scheduler's stats; with data parallelism, replica `replica`'s."""
+        tag = [] if self.replicas == 1 else [str(replica)]
+
+        def at(gauge: Gauge, *labels: str) -> Gauge:
+            return gauge.labels(*labels, *tag) if labels or tag else gauge
+
+        at(self.running).set(stats.get("running_requests", 0))
+        at(self.waiting).set(stats.get("waiting_requests", 0))
         if stats.get("kv_total_tokens"):
-            self.kv_usage.set(stats["kv_used_tokens"] / stats["kv_total_tokens"])
+            at(self.kv_usage).set(stats["kv_used_tokens"] / stats["kv_total_tokens"])
         if stats.get("cross_total_tokens"):
-            self.cross_usage.set(stats["cross_used_tokens"] / stats["cross_total_tokens"])
+            at(self.cross_usage).set(stats["cross_used_tokens"] / stats["cross_total_tokens"])
         if stats.get("encoder_cache_lookups"):
-            self.encoder_hit_rate.set(stats["encoder_cache_hits"] / stats["encoder_cache_lookups"])
-        self.encoder_entries.set(stats.get("encoder_cache_entries", 0))
-        self.encoder_hot_tokens.set(stats.get("encoder_cache_hot_tokens", 0))
-        self.encoder_hidden_bytes.set(stats.get("encoder_cache_hidden_bytes", 0))
+            at(self.encoder_hit_rate).set(stats["encoder_cache_hits"]
+                                          / stats["encoder_cache_lookups"])
+        at(self.encoder_entries).set(stats.get("encoder_cache_entries", 0))
+        at(self.encoder_hot_tokens).set(stats.get("encoder_cache_hot_tokens", 0))
+        at(self.encoder_hidden_bytes).set(stats.get("encoder_cache_hidden_bytes", 0))
         if stats.get("radix_queried_tokens"):
-            self.prefix_hit_rate.set(stats["radix_matched_tokens"] / stats["radix_queried_tokens"])
-        self.prefix_tokens.set(stats.get("radix_cache_tokens", 0))
+            at(self.prefix_hit_rate).set(stats["radix_matched_tokens"]
+                                         / stats["radix_queried_tokens"])
+        at(self.prefix_tokens).set(stats.get("radix_cache_tokens", 0))
         for cache, prefix, unit in (("radix", "radix_", "tokens"),
                                     ("encoder", "encoder_cache_", "entries")):
             if f"{prefix}promotions" in stats:
                 for scope in ("public", "private"):
-                    self.scoped.labels(cache, scope).set(stats[f"{prefix}{scope}_{unit}"])
-                self.promotions.labels(cache).set(stats[f"{prefix}promotions"])
-                self.merged_tokens.labels(cache).set(stats[f"{prefix}merged_tokens"])
+                    at(self.scoped, cache, scope).set(stats[f"{prefix}{scope}_{unit}"])
+                at(self.promotions, cache).set(stats[f"{prefix}promotions"])
+                at(self.merged_tokens, cache).set(stats[f"{prefix}merged_tokens"])
         for cache, held, loads in (("radix", "radix_host_tokens", "radix_host_loaded_tokens"),
                                    ("encoder", "encoder_cache_host_tokens",
                                     "encoder_cache_host_hits")):
             if held in stats:
-                self.host_tokens.labels(cache).set(stats[held])
-                self.host_loads.labels(cache).set(stats[loads])
+                at(self.host_tokens, cache).set(stats[held])
+                at(self.host_loads, cache).set(stats[loads])
+
+    def set_stats(self, stats: dict) -> None:
+        """The stats control's payload: one scheduler's, or each replica's ("replicas")."""
+        if self.replicas == 1:
+            self.set_scheduler_stats(stats)
+            return
+        for rep in stats["replicas"]:
+            self.set_scheduler_stats(rep, rep["replica"])
+        router = stats["router"]
+        for i in range(self.replicas):
+            for reason in ("affinity", "least_loaded"):
+                self.routed.labels(str(i), reason).set(router[f"routed_{reason}"][i])
+            self.outstanding.labels(str(i)).set(router["outstanding_requests"][i])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -31,9 +31,10 @@ from seq2serve.runtime.frontend.generate_request import (
 )
 from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.runtime.frontend.prompts import role_markers
+from seq2serve.runtime.frontend.replica_replies import merge_replies
+from seq2serve.runtime.frontend.scheduler_link import SchedulerLink
 from seq2serve.runtime.memory.host_memory import release_freed_memory
 from seq2serve.runtime.messages.io_struct import (
-    AbortRequest,
     BatchTokenOutput,
     ControlReply,
     ControlRequest,
@@ -116,7 +117,8 @@ class TokenizerManager:
             return
         self._started = True
         ctx = zmq.asyncio.Context()
-        self.send_to_scheduler = socket(ctx, zmq.PUSH, self.ipc.scheduler_input, bind=False)
+        # to the scheduler, or to each data-parallel replica's through the router
+        self.link = SchedulerLink(ctx, self.ipc.scheduler_inputs)
         self.recv_from_detokenizer = socket(ctx, zmq.PULL, self.ipc.tokenizer_input, bind=True)
         self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
 
@@ -333,9 +335,9 @@ class TokenizerManager:
         try:
             for r in reqs:
                 sent.append(self._on_the_wire(r))
-            # one message: the scheduler admits a call's requests together (a select's choices
-            # share one extend forward)
-            self.send_to_scheduler.send_pyobj(sent if len(sent) > 1 else sent[0])
+            # one message (per replica): the scheduler admits a call's requests together (a
+            # select's choices share one extend forward)
+            self.link.send(sent)
             if obj.stream:
                 async for chunk in self._stream(states, obj.return_logprob):
                     yield chunk
@@ -345,8 +347,9 @@ class TokenizerManager:
         finally:
             for s in states:
                 if not s.finished and self.dead_reason is None:
-                    self.send_to_scheduler.send_pyobj(AbortRequest(s.rid))
+                    self.link.abort(s.rid)
                 self.states.pop(s.rid, None)
+            self.link.finished(sent)
             for r in sent:
                 self._release(r)
 
@@ -449,6 +452,8 @@ class TokenizerManager:
             meta["cache_hits"] = out.cache_hits
         if s.first_token is not None:
             meta["ttft"] = s.first_token - s.created
+        if self.link.router is not None:  # data parallelism: the replica that served it
+            meta["replica"] = self.link.replica_of.get(s.rid)
         meta.update(out.extra)  # the scheduler's timings, at the end
         if logprob and s.finished:
             meta["output_token_logprobs"] = list(zip(s.logprobs, s.output_ids))
@@ -459,15 +464,27 @@ class TokenizerManager:
 
     async def abort(self, rid: str) -> None:
         await self.start()
-        self.send_to_scheduler.send_pyobj(AbortRequest(rid))
+        self.link.abort(rid)
 
     async def control(self, kind: str, timeout: float = 60.0) -> ControlReply:
+        """Ask the scheduler; with data parallelism every replica, their replies merged (with
+        "replicas": each one's, and for stats "router": the router's counts)."""
         self._check_alive()
         await self.start()
+        replies = await asyncio.gather(*(self._control_one(kind, i, timeout)
+                                         for i in range(self.link.replicas)))
+        if self.link.router is None:
+            return replies[0]
+        merged = merge_replies(kind, replies[0].tag, list(replies))
+        if kind == "stats":
+            merged.payload["router"] = self.link.router.stats()
+        return merged
+
+    async def _control_one(self, kind: str, replica: int, timeout: float) -> ControlReply:
         tag = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self.control_waiters[tag] = fut
-        self.send_to_scheduler.send_pyobj(ControlRequest(kind, tag))
+        self.link.control(replica, ControlRequest(kind, tag))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
@@ -478,7 +495,7 @@ class TokenizerManager:
             self.pixel_store.close()
         if self._started:
             self._loop_task.cancel()
-            self.send_to_scheduler.close()
+            self.link.close()
             self.recv_from_detokenizer.close()
 
     # --- the receive loop --------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import uuid
@@ -12,17 +13,30 @@ import zmq
 
 @dataclass(frozen=True)
 class IpcNames:
-    scheduler_input: str  # tokenizer manager -> scheduler
-    detokenizer_input: str  # scheduler -> detokenizer
+    # tokenizer manager -> each data-parallel replica's scheduler (one without --dp-size)
+    scheduler_inputs: tuple[str, ...]
+    detokenizer_input: str  # every scheduler -> detokenizer
     tokenizer_input: str  # detokenizer -> tokenizer manager
 
     @classmethod
-    def new(cls) -> IpcNames:
+    def new(cls, dp_size: int = 1) -> IpcNames:
         base = os.path.join(tempfile.gettempdir(), f"seq2serve-{uuid.uuid4().hex[:12]}")
-        return cls(f"ipc://{base}-sched", f"ipc://{base}-detok", f"ipc://{base}-tok")
+        inputs = ((f"ipc://{base}-sched",) if dp_size == 1
+                  else tuple(f"ipc://{base}-sched{i}" for i in range(dp_size)))
+        return cls(inputs, f"ipc://{base}-detok", f"ipc://{base}-tok")
+
+    @property
+    def scheduler_input(self) -> str:
+        """The input of the one scheduler these names are for (a replica's view has one)."""
+        assert len(self.scheduler_inputs) == 1, "names of several replicas: pick one first"
+        return self.scheduler_inputs[0]
+
+    def for_replica(self, i: int) -> IpcNames:
+        """The names as replica i's scheduler sees them: its own input, the shared rest."""
+        return dataclasses.replace(self, scheduler_inputs=(self.scheduler_inputs[i],))
 
     def cleanup(self) -> None:
-        for name in (self.scheduler_input, self.detokenizer_input, self.tokenizer_input):
+        for name in (*self.scheduler_inputs, self.detokenizer_input, self.tokenizer_input):
             try:
                 os.unlink(name.removeprefix("ipc://"))
             except OSError:
