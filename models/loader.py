@@ -16,7 +16,8 @@ from torch import nn
 from tqdm import tqdm
 
 from seq2serve.models import fp8_checkpoint, registry
-from seq2serve.models.ops import TorchOps, ops_for, use_ops
+from seq2serve.models.cpu_ops import OneDnnOps, onednn_available
+from seq2serve.models.ops import REFERENCE, TorchOps, TritonOps, use_ops
 from seq2serve.models.quantization import check_supported, dequantize_model, quantize_model
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,17 @@ def checkpoint_files(model_dir: str) -> list[str]:
         f"no model weights in {model_dir}: expected model.safetensors or "
         f"model.safetensors.index.json{hint}"
     )
+
+
+def ops_for(device: str | torch.device, dtype: torch.dtype) -> TorchOps:
+    """The Triton kernels on CUDA; on a CPU in float32, PyTorch with the weights prepacked for
+    oneDNN (SEQ2SERVE_CPU_ONEDNN=0: the plain reference, for measuring); PyTorch elsewhere."""
+    if torch.device(device).type == "cuda":
+        return TritonOps()
+    if (torch.device(device).type == "cpu" and dtype == torch.float32 and onednn_available()
+            and os.environ.get("SEQ2SERVE_CPU_ONEDNN", "1") != "0"):
+        return OneDnnOps()
+    return REFERENCE
 
 
 def load_model(model_config, device: str, dtype: torch.dtype,
@@ -73,7 +85,7 @@ def load_model(model_config, device: str, dtype: torch.dtype,
         quantize_model(model, quantization, quantize_lm_head)
     if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
         model.init_buffers()
-    ops = ops if ops is not None else ops_for(device)
+    ops = ops if ops is not None else ops_for(device, dtype)
     use_ops(model, ops)
     ops.warm(model)  # kernels tuned for its weight shapes now, not at a request
     return model.eval()
