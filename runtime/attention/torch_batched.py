@@ -5,6 +5,9 @@ tokens are) gathers every request's K/V into one padded tensor per layer and att
 fused product (`scaled_dot_product_attention`), with padding as an additive mask and the T5
 bias looked up by distance. The encoder pads its inputs into groups of near-equal length
 (`padded_segments.py`; inputs of one length need no copy) and attends once per group.
+A request's cross K/V never change while it decodes, so consecutive decode steps of the same
+requests reuse the padded cross K/V the first one gathered (any encode or prefill forward,
+the only ones after which a slot can hold another input's K/V, drops them).
 Prefills of several tokens keep the reference's per-request path (`torch_native.py`), which
 this backend is tested against. On a CPU the reference's per-request products cost more in
 call overhead than in arithmetic at batch sizes of tens.
@@ -39,13 +42,32 @@ class _Rows:
     cross_any: torch.Tensor | None  # [B, 1] False: no key to attend to (output zero)
     distance: torch.Tensor  # query position - key position, clamped at 0, [B, L]
     bias: dict  # id(position bias) -> [B, H, 1, L], the padding mask included
+    cross_kv: dict  # layer id -> gathered (k, v): the decode steps' `_CrossKV.layers`
+
+
+@dataclass
+class _CrossKV:
+    """The padded cross K/V of one set of decoding requests, by layer, kept across steps."""
+
+    slots: torch.Tensor
+    layers: dict
+
+
+# the most bytes of gathered cross K/V kept across decode steps (else gathered every step)
+_MAX_KEPT_CROSS_BYTES = 256 << 20
 
 
 class TorchBatchedBackend(TorchNativeBackend):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._cross: _CrossKV | None = None  # set by decode steps, dropped by other forwards
+
     def init_forward_metadata(self, fb: ForwardBatch | EncodeForwardBatch) -> None:
         super().init_forward_metadata(fb)
         fb.attn_metadata.rows = None
         fb.attn_metadata.segments = None
+        if fb.forward_mode is not ForwardMode.DECODE:
+            self._cross = None  # the cross pool may change now (an encode, a new request)
         if fb.forward_mode is ForwardMode.ENCODE or any(n != 1 for n in fb.host.extend_lens):
             return
         h, pool = fb.host, fb.req_to_token_pool
@@ -60,16 +82,33 @@ class TorchBatchedBackend(TorchNativeBackend):
             cross_ok &= ((cross[None, :] >= fb.cross_kv_start[:, None])
                          & (cross[None, :] < fb.cross_kv_end[:, None]))
         any_key = cross_ok.any(dim=1)
+        cross_slots = pool.req_to_cross[table_rows, : cross.numel()].reshape(-1).long()
         fb.attn_metadata.rows = _Rows(
             batch=len(h.seq_lens),
             kv_slots=pool.req_to_token[table_rows, : keys.numel()].reshape(-1).long(),
             kv_mask=_additive(keys[None, :] < seq_lens[:, None]),
-            cross_slots=pool.req_to_cross[table_rows, : cross.numel()].reshape(-1).long(),
+            cross_slots=cross_slots,
             cross_mask=_additive(cross_ok),
             cross_any=None if bool(any_key.all()) else any_key[:, None],
             distance=(fb.positions[:, None] - keys[None, :]).clamp(min=0),
             bias={},
+            cross_kv=self._kept_cross(fb, cross_slots),
         )
+
+    def _kept_cross(self, fb: ForwardBatch, slots: torch.Tensor) -> dict:
+        """The cross K/V dict this decode step fills or reuses ({} to gather afresh, not kept
+        when too large or not a decode step)."""
+        pool = fb.cross_kv_pool
+        if fb.forward_mode is not ForwardMode.DECODE or pool is None:
+            return {}
+        if self._cross is not None and torch.equal(self._cross.slots, slots):
+            return self._cross.layers
+        row_bytes = sum(b[0].numel() * b.element_size() for b in pool.k_buffers) * 2
+        if slots.numel() * row_bytes > _MAX_KEPT_CROSS_BYTES:
+            self._cross = None
+            return {}
+        self._cross = _CrossKV(slots, {})
+        return self._cross.layers
 
     def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
                      position_bias: PositionBias | None) -> torch.Tensor:
@@ -95,9 +134,13 @@ class TorchBatchedBackend(TorchNativeBackend):
         rows: _Rows | None = fb.attn_metadata.rows
         if rows is None:
             return super().forward_cross(q, layer, fb)
-        pool = fb.cross_kv_pool
-        k = _gather(pool.k_buffers[layer.layer_id], rows.cross_slots, rows.batch)
-        v = _gather(pool.v_buffers[layer.layer_id], rows.cross_slots, rows.batch)
+        kv = rows.cross_kv.get(layer.layer_id)
+        if kv is None:
+            pool = fb.cross_kv_pool
+            kv = rows.cross_kv[layer.layer_id] = (
+                _gather(pool.k_buffers[layer.layer_id], rows.cross_slots, rows.batch),
+                _gather(pool.v_buffers[layer.layer_id], rows.cross_slots, rows.batch))
+        k, v = kv
         out = _attend(q[:, :, None, :], k, v, layer, rows.cross_mask).view(rows.batch, -1)
         if rows.cross_any is None:
             return out
