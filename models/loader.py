@@ -16,7 +16,8 @@ from torch import nn
 from tqdm import tqdm
 
 from seq2serve.models import fp8_checkpoint, parallel_state, registry
-from seq2serve.models.ops import TorchOps, ops_for, use_ops
+from seq2serve.models.cpu_ops import OneDnnOps, onednn_available
+from seq2serve.models.ops import REFERENCE, TorchOps, TritonOps, use_ops
 from seq2serve.models.quantization import check_supported, dequantize_model, quantize_model
 
 logger = logging.getLogger(__name__)
@@ -69,17 +70,37 @@ def check_tensor_parallel(model_config, size: int) -> None:
                                            before.cpu_group)
 
 
+def ops_for(device: str | torch.device, dtype: torch.dtype,
+            int8_activations: bool = False) -> TorchOps:
+    """The Triton kernels on CUDA; on a CPU in float32, PyTorch with the weights prepacked for
+    oneDNN (SEQ2SERVE_CPU_ONEDNN=0: the plain reference, for measuring); PyTorch elsewhere.
+    `int8_activations` (int8 weights' products in int8, CPU float32 only) or a ValueError."""
+    kind = torch.device(device).type
+    onednn = (kind == "cpu" and dtype == torch.float32 and onednn_available()
+              and os.environ.get("SEQ2SERVE_CPU_ONEDNN", "1") != "0")
+    if int8_activations and not onednn:
+        raise ValueError(f"int8 activations run on the CPU in float32 (with oneDNN), not on "
+                         f"{device} in {dtype}; drop --int8-activations")
+    if kind == "cuda":
+        return TritonOps()
+    return OneDnnOps(int8_activations) if onednn else REFERENCE
+
+
 def load_model(model_config, device: str, dtype: torch.dtype,
                load_format: str = "safetensors", ops: TorchOps | None = None,
-               quantization: str | None = None, quantize_lm_head: bool = False) -> nn.Module:
+               quantization: str | None = None, quantize_lm_head: bool = False,
+               int8_activations: bool = False) -> nn.Module:
     """Build the model and fill it: from the checkpoint, or with random values of sane scale
     (load_format "dummy": benchmarks of real shapes without weights on disk). Its layers
     compute through `ops` (models/ops.py), by default the device's: chosen here, once, and
     warmed for the model's weight shapes. `quantization` ("int8", "fp8") turns the linear
     layers' weights 8-bit after loading (ValueError where the device cannot run it). An FP8
     checkpoint stays FP8 where the device runs fp8 (unless int8 is asked for), else is
-    dequantized to `dtype`."""
+    dequantized to `dtype`. `int8_activations`: int8 weights multiply int8 activations (one
+    scale per token) on the CPU (models/cpu_ops.py)."""
     check_supported(quantization, device)
+    if int8_activations and quantization != "int8":
+        raise ValueError("int8 activations go with --quantization int8")
     cls = registry.model_class(model_config.architecture)
     if load_format == "safetensors":
         files = checkpoint_files(model_config.model_path)  # fail before allocating anything
@@ -97,7 +118,7 @@ def load_model(model_config, device: str, dtype: torch.dtype,
         quantize_model(model, quantization, quantize_lm_head)
     if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
         model.init_buffers()
-    ops = ops if ops is not None else ops_for(device)
+    ops = ops if ops is not None else ops_for(device, dtype, int8_activations)
     use_ops(model, ops)
     ops.warm(model)  # kernels tuned for its weight shapes now, not at a request
     return model.eval()

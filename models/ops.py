@@ -202,11 +202,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 REFERENCE = TorchOps()  # what a layer uses until use_ops says otherwise
 
 
-def ops_for(device: str | torch.device) -> TorchOps:
-    """The Triton kernels on CUDA, PyTorch elsewhere."""
-    return TritonOps() if torch.device(device).type == "cuda" else REFERENCE
-
-
 def use_ops(model: nn.Module, ops: TorchOps) -> nn.Module:
     """Make every layer of `model` that computes through `ops` (those whose class declares
     an `ops` attribute) use these."""

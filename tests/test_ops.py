@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seq2serve.models.cpu_ops import OneDnnOps
 from seq2serve.models.loader import load_model
 from seq2serve.models.ops import REFERENCE, TorchOps, TritonOps, use_ops
 from seq2serve.runtime.config.model_config import ModelConfig
@@ -22,7 +23,9 @@ def _ops_of(model) -> set:
 
 def test_load_model_sets_the_ops_of_every_layer_once(t5_dir):
     config = ModelConfig.from_path(t5_dir)
-    assert _ops_of(load_model(config, "cpu", torch.float32)) == {REFERENCE}
+    cpu = _ops_of(load_model(config, "cpu", torch.float32))
+    assert len(cpu) == 1 and type(next(iter(cpu))) is OneDnnOps  # float32 on a CPU
+    assert _ops_of(load_model(config, "cpu", torch.bfloat16)) == {REFERENCE}
     triton = TritonOps(gemv_max_m=2)
     model = load_model(config, "cpu", torch.float32, ops=triton)
     assert _ops_of(model) == {triton}

@@ -12,8 +12,8 @@ from seq2serve.tests.helpers import SOURCES, make_scheduler, record_results, req
 from seq2serve.tests.mllama_oracle import random_image
 
 
-def _steps(path: str, backend: str, requests) -> list[tuple[list[str], torch.Tensor]]:
-    sched = make_scheduler(path, attention_backend=backend, page_size=4)
+def _steps(path: str, backend: str, requests, **kwargs) -> list[tuple[list[str], torch.Tensor]]:
+    sched = make_scheduler(path, attention_backend=backend, page_size=4, **kwargs)
     steps = record_results(sched)
     for r in requests():
         sched.add_request(r)
@@ -23,9 +23,9 @@ def _steps(path: str, backend: str, requests) -> list[tuple[list[str], torch.Ten
     return [(rids, out.logits.clone()) for rids, out in steps]
 
 
-def _same(path: str, requests) -> None:
-    native, batched = _steps(path, "torch_native", requests), _steps(path, "torch_batched",
-                                                                      requests)
+def _same(path: str, requests, **kwargs) -> None:
+    native = _steps(path, "torch_native", requests, **kwargs)
+    batched = _steps(path, "torch_batched", requests, **kwargs)
     assert [r for r, _ in native] == [r for r, _ in batched]
     decode_steps = 0
     for (rids, a), (_, b) in zip(native, batched):
@@ -45,6 +45,22 @@ def test_t5_decode_steps_match_the_reference(t5_dir):
                 for i, ids in enumerate(sources)]
 
     _same(t5_dir, requests)
+
+
+def test_t5_kept_cross_kv_follow_requests_that_replace_finished_ones(t5_dir):
+    """Two running rows for six requests of different sources: each finished request's
+    table row and cross K/V slots go to the next one while the other row decodes on, so the
+    cross K/V kept across decode steps must be dropped and gathered again."""
+    from seq2serve.runtime.config.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(t5_dir)
+    sources = [tok(s).input_ids for s in SOURCES[:6]]
+
+    def requests():
+        return [request(f"r{i}", ids, max_new_tokens=3 + 2 * (i % 3), ignore_eos=True)
+                for i, ids in enumerate(sources)]
+
+    _same(t5_dir, requests, max_running_requests=2)
 
 
 def test_llama_decode_steps_match_the_reference(tmp_path):

@@ -62,14 +62,14 @@ def compare(reference: list[list[int]], candidate: list[list[int]]) -> dict:
 
 def measure(model_path: str, quantization: str, num_prompts: int = 200,
             max_new_tokens: int = 16, reference_args: dict | None = None,
-            **engine_args) -> dict:
-    """Quantized (`quantization`, `engine_args`) against unquantized (`engine_args` with
-    `reference_args` over them) on `prompts(num_prompts)`."""
+            quantized_args: dict | None = None, **engine_args) -> dict:
+    """Quantized (`quantization`, `engine_args` with `quantized_args` over them) against
+    unquantized (`engine_args` with `reference_args` over them) on `prompts(num_prompts)`."""
     texts = prompts(num_prompts)
     ref = greedy_outputs(model_path, texts, max_new_tokens,
                          **(engine_args | (reference_args or {})))
     quant = greedy_outputs(model_path, texts, max_new_tokens, quantization=quantization,
-                           **engine_args)
+                           **(engine_args | (quantized_args or {})))
     return compare(ref, quant) | {"quantization": quantization,
                                   "max_new_tokens": max_new_tokens}
 
@@ -80,6 +80,8 @@ def add_quality_parser(sub) -> None:
     p.add_argument("--model-path", help="or a model directory (real weights)")
     p.add_argument("--quantization", default="int8", choices=["int8", "fp8"])
     p.add_argument("--quantize-lm-head", action="store_true")
+    p.add_argument("--int8-activations", action="store_true",
+                   help="CPU, int8: activations quantized per token too (as CTranslate2)")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--dtype", default="auto", help="both models' dtype (auto: CPU float32)")
@@ -101,8 +103,10 @@ def _quality(args) -> dict:
         raise ValueError("give --shape or --model-path")
     r = measure(model_path, args.quantization, args.num_prompts, args.max_new_tokens,
                 device=args.device, dtype=args.dtype, quantize_lm_head=args.quantize_lm_head,
+                quantized_args={"int8_activations": True} if args.int8_activations else None,
                 **load, **json.loads(args.engine_args))
-    print(f"{args.quantization} vs unquantized ({args.dtype}) over {r['prompts']} prompts: "
+    method = args.quantization + (" (int8 activations)" if args.int8_activations else "")
+    print(f"{method} vs unquantized ({args.dtype}) over {r['prompts']} prompts: "
           f"next-token agreement {r['next_token_agreement']:.1%}, greedy sequences identical "
           f"{r['greedy_sequence_match']:.1%} ({args.max_new_tokens} tokens), mean prefix kept "
           f"{r['mean_prefix_kept']:.1%}", flush=True)

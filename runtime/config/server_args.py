@@ -31,6 +31,7 @@ class ServerArgs:
     dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
     quantization: str | None = None  # int8 (weight-only; CPU, GPU) or fp8 (E4M3; sm_89+ GPUs)
     quantize_lm_head: bool = False  # with quantization: the LM head too (else the model dtype)
+    int8_activations: bool = False  # CPU, int8: activations too, per token (as CTranslate2)
     attention_backend: str | None = None  # unset: triton on CUDA, torch_batched on CPU
     page_size: int = 16  # decoder and encoder tokens per KV page
     mem_fraction: float = 0.85  # share of free device memory for weights + pools
@@ -87,6 +88,9 @@ class ServerArgs:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, "
                              f"got {self.quantization!r}")
+        if self.int8_activations and self.quantization != "int8":
+            raise ValueError("int8_activations needs quantization='int8' (it quantizes the "
+                             f"activations of int8 weights' products), got {self.quantization!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"

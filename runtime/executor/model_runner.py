@@ -61,7 +61,8 @@ class ModelRunner:
         torch.manual_seed(args.random_seed)
         self.model = load_model(model_config, self.device, self.dtype, args.load_format,
                                 quantization=args.quantization,
-                                quantize_lm_head=args.quantize_lm_head)
+                                quantize_lm_head=args.quantize_lm_head,
+                                int8_activations=args.int8_activations)
         self._init_pools()
         self.backend_name = args.resolved_attention_backend(self.device)
         self.attn_backend = create_backend(self.backend_name, device=self.device)
