@@ -45,8 +45,9 @@ def test_loading_warms_the_small_row_kernels_for_every_weight_shape(t5_dir, monk
             calls.append((x.shape[0], tuple(w.shape))), real(x, w, *a, **k))[1])
     config = ModelConfig.from_path(t5_dir)
     model = load_model(config, "cpu", torch.float32, ops=TritonOps(gemv_blocks=(16, 16)))
-    shapes = {tuple(m.weight.shape) for m in model.modules()
-              if type(m).__name__ == "Linear"}
+    from seq2serve.models.linear import Linear
+
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear)}
     assert {s for rows, s in calls if rows == 1} == shapes  # the GEMV
     assert {s for rows, s in calls if rows == 2} == shapes  # the skinny GEMM
     assert len(calls) == 2 * len(shapes)  # each shape once
