@@ -22,6 +22,7 @@ from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_protocol import TranslationRequest
 from seq2serve.runtime.frontend.openai_serving import OpenAIServing
 from seq2serve.runtime.frontend.prompts import translation_prompt
+from seq2serve.runtime.frontend.scheduler_link import SchedulerLink
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
 from seq2serve.runtime.messages.io_struct import AbortRequest, TokenizedRequest, TokenOutput
@@ -121,7 +122,8 @@ class _Wire:
 def _wired(model_dir: str, answer: bool) -> tuple[TokenizerManager, _Wire, list]:
     tm = tokenizer_manager(model_dir)
     tm._started = True
-    tm.send_to_scheduler = wire = _Wire(tm, answer)
+    wire = _Wire(tm, answer)
+    tm.link = SchedulerLink.over([wire])
     released = []
     tm._release = released.append
     return tm, wire, released

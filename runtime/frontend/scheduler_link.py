@@ -19,8 +19,18 @@ from seq2serve.runtime.messages.ipc import socket
 
 class SchedulerLink:
     def __init__(self, ctx: zmq.Context, endpoints: tuple[str, ...]) -> None:
-        self.sockets = [socket(ctx, zmq.PUSH, e, bind=False) for e in endpoints]
-        self.router = DataParallelRouter(len(endpoints)) if len(endpoints) > 1 else None
+        self._attach([socket(ctx, zmq.PUSH, e, bind=False) for e in endpoints])
+
+    @classmethod
+    def over(cls, sockets: list) -> SchedulerLink:
+        """A link over sockets already open (anything with `send_pyobj`: tests' wires)."""
+        link = cls.__new__(cls)
+        link._attach(list(sockets))
+        return link
+
+    def _attach(self, sockets: list) -> None:
+        self.sockets = sockets
+        self.router = DataParallelRouter(len(sockets)) if len(sockets) > 1 else None
         self.replica_of: dict[str, int] = {}  # result rid -> its replica (several only)
 
     @property
