@@ -141,7 +141,11 @@ def run_rank(rank: int, size: int, init_method: str, args: ServerArgs,
                                      runner.cross_kv_pool)
     pools = {**runner.pools, "host_token_to_kv": host_kv, "host_cross_kv": host_cross}
     while True:
-        kind, records, batch = channel.recv()
+        try:
+            kind, records, batch = channel.recv()
+        except RuntimeError as e:  # the collective's peer closed: rank 0 has gone
+            logger.debug("tp-rank-%d: rank 0 has gone (%s); exiting", rank, e)
+            os._exit(0)
         replay(records, pools)
         if kind == "encode":
             runner.encode(batch)
