@@ -16,8 +16,9 @@ cuBLAS.
 
 A weight may be a `QuantizedWeight` (8-bit rows and their scales, models/quantization.py): the
 GEMV and the skinny GEMM read it as it is and scale each output channel at the end; more rows
-go to `torch._scaled_mm` with per-token FP8 activations (fp8), or multiply the int8 values
-and scale each output channel after (int8).
+go to `torch._scaled_mm` with per-token FP8 activations (fp8: quantized in one kernel with the
+norm or gated activation before, triton_fp8_quant.py), or multiply the int8 values and scale
+each output channel after (int8).
 """
 
 from __future__ import annotations
@@ -93,9 +94,15 @@ class TritonOps(TorchOps):
     def __init__(self, gemv_max_m: int | None = None,
                  gemv_blocks: tuple[int, int] | None = None,
                  skinny_max_m: int | None = None) -> None:
-        from seq2serve.runtime.kernels import triton_gemv, triton_ops, triton_skinny
+        from seq2serve.runtime.kernels import (
+            triton_fp8_quant,
+            triton_gemv,
+            triton_ops,
+            triton_skinny,
+        )
 
         self._k, self._gemv, self._skinny = triton_ops, triton_gemv, triton_skinny
+        self._fp8 = triton_fp8_quant
         if gemv_max_m is None:
             gemv_max_m = int(os.environ.get("SEQ2SERVE_GEMV_MAX_M", "1"))
         if skinny_max_m is None:
@@ -150,6 +157,8 @@ class TritonOps(TorchOps):
             return small.gemv(x, stored, bias, **self._blocks, **scale)
         if small is self._skinny:
             return small.skinny_gemm(x, stored, bias, **self._skinny_blocks, **scale)
+        if _is_fp8(weight):
+            return self._fp8_product(x, self._fp8.quantize(_rows(x)), weight, bias)
         return super().linear(x, weight, bias)
 
     def norm_linear(self, x, norm_weight, eps, weight, bias=None, residual=None):
@@ -157,6 +166,11 @@ class TritonOps(TorchOps):
             stored, scale = _stored(weight)
             return self._gemv.norm_gemv(x, norm_weight, eps, stored, bias, residual,
                                         **self._blocks, **scale)
+        if _is_fp8(weight) and self._small(x, weight) is None:
+            quantized, summed = self._fp8.norm_quantize(
+                _rows(x), norm_weight, eps, None if residual is None else _rows(residual))
+            out = self._fp8_product(x, quantized, weight, bias)
+            return out, x if summed is None else summed.view(x.shape)
         return super().norm_linear(x, norm_weight, eps, weight, bias, residual)
 
     def gated(self, gate_up, activation):
@@ -167,7 +181,23 @@ class TritonOps(TorchOps):
             stored, scale = _stored(weight)
             return self._gemv.gated_gemv(gate_up, activation, stored, bias, **self._blocks,
                                          **scale)
+        if _is_fp8(weight) and self._small(gate_up, weight) is None:
+            return self._fp8_product(gate_up, self._fp8.gated_quantize(_rows(gate_up),
+                                                                       activation), weight, bias)
         return super().gated_linear(gate_up, activation, weight, bias)
+
+    @staticmethod
+    def _fp8_product(x: torch.Tensor, quantized: tuple[torch.Tensor, torch.Tensor],
+                     weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """`torch._scaled_mm` of rows quantized by triton_fp8_quant.py, shaped as x's."""
+        from seq2serve.runtime.kernels.fp8_gemm import scaled_product
+
+        out = scaled_product(*quantized, weight.qweight, weight.scale, bias, x.dtype)
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _is_fp8(weight: torch.Tensor | QuantizedWeight) -> bool:
+    return isinstance(weight, QuantizedWeight) and weight.method == "fp8"
 
 
 def _stored(weight: torch.Tensor | QuantizedWeight) -> tuple[torch.Tensor, dict]:

@@ -154,6 +154,14 @@ def _quantized_tour(dtype: torch.dtype) -> None:
         norm_gemv(x, norm_w, 1e-6, q, None, res, w_scale=scale, **blocks)
         gated_gemv(torch.randn(1, 128).to(dtype), "silu", q, w_scale=scale, **blocks)
         skinny_gemm(torch.randn(4, 64).to(dtype), q, b, block_n=16, block_k=32, w_scale=scale)
+    from seq2serve.runtime.kernels.triton_fp8_quant import gated_quantize, norm_quantize, quantize
+
+    for n in (1024, 14336):  # activations quantized per token, whole rows (FP8 past 16 rows)
+        x, res, norm_w = (torch.randn(*s).to(dtype) for s in [(17, n), (17, n), (n,)])
+        quantize(x)
+        norm_quantize(x, norm_w, 1e-6)
+        norm_quantize(x, norm_w, 1e-6, res)
+        gated_quantize(torch.cat([x, res], dim=1), "gelu_new")
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +238,11 @@ def test_every_launch_compiles_for_sm90_and_sm80(launches, compiled):
 
 
 def test_fp8_weights_compile_for_hopper_only(launches, compiled):
-    """Every FP8-weight launch (GEMV, skinny GEMM) compiles for sm_90; on sm_80 Triton has
+    """Every FP8 launch (GEMV, skinny GEMM, per-token quantization) compiles for sm_90; on sm_80 Triton has
     no E4M3 type, which is why the runtime refuses fp8 below sm_89 with its own message."""
     fp8 = {i for i, launch in enumerate(launches) if _fp8(launch)}
     kernels = {launches[i]["kernel"].split(":")[1] for i in fp8}
-    assert {"_gemv_kernel", "_skinny_kernel"} <= kernels
+    assert {"_gemv_kernel", "_skinny_kernel", "_quantize_kernel"} <= kernels
     by_target = defaultdict(list)
     for r in compiled["results"]:
         if r["launch"] in fp8:

@@ -336,3 +336,10 @@ def test_bench_quality_cli_reports(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert r["prompts"] == 6 and 0.0 <= r["next_token_agreement"] <= 1.0
     assert "next-token agreement" in capsys.readouterr().out
+    # the control: unquantized against the same dtype agrees everywhere (no quantization)
+    assert main(["bench", "quality", "--model-path", str(path), "--num-prompts", "6",
+                 "--max-new-tokens", "3", "--device", "cpu", "--quantization", "none",
+                 "--reference-dtype", "float32", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["quantization"] == "none" and r["greedy_sequence_match"] == 1.0
+    assert "unquantized auto vs unquantized (float32)" in capsys.readouterr().out

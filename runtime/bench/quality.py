@@ -64,11 +64,14 @@ def measure(model_path: str, quantization: str, num_prompts: int = 200,
             max_new_tokens: int = 16, reference_args: dict | None = None,
             quantized_args: dict | None = None, **engine_args) -> dict:
     """Quantized (`quantization`, `engine_args` with `quantized_args` over them) against
-    unquantized (`engine_args` with `reference_args` over them) on `prompts(num_prompts)`."""
+    unquantized (`engine_args` with `reference_args` over them) on `prompts(num_prompts)`.
+    `quantization` "none" compares two unquantized runs (a control: another dtype in
+    `reference_args`)."""
     texts = prompts(num_prompts)
     ref = greedy_outputs(model_path, texts, max_new_tokens,
                          **(engine_args | (reference_args or {})))
-    quant = greedy_outputs(model_path, texts, max_new_tokens, quantization=quantization,
+    quantized = {} if quantization == "none" else {"quantization": quantization}
+    quant = greedy_outputs(model_path, texts, max_new_tokens, **quantized,
                            **(engine_args | (quantized_args or {})))
     return compare(ref, quant) | {"quantization": quantization,
                                   "max_new_tokens": max_new_tokens}
@@ -78,13 +81,17 @@ def add_quality_parser(sub) -> None:
     p = sub.add_parser("quality", help="quantized vs unquantized: next-token agreement")
     p.add_argument("--shape", help="a real model shape with random weights (mt5-large, ...)")
     p.add_argument("--model-path", help="or a model directory (real weights)")
-    p.add_argument("--quantization", default="int8", choices=["int8", "fp8"])
+    p.add_argument("--quantization", default="int8", choices=["int8", "fp8", "none"],
+                   help="none: unquantized against --reference-dtype (a control)")
     p.add_argument("--quantize-lm-head", action="store_true")
     p.add_argument("--int8-activations", action="store_true",
                    help="CPU, int8: activations quantized per token too (as CTranslate2)")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--dtype", default="auto", help="both models' dtype (auto: CPU float32)")
+    p.add_argument("--reference-dtype",
+                   help="the reference's dtype instead (float32: how far the model in --dtype "
+                        "is itself from it, the floor a quantization is measured against)")
     p.add_argument("--device", default=None)
     p.add_argument("--engine-args", default="{}", help="JSON of extra engine options")
     p.add_argument("--json", help="write the result here")
@@ -104,9 +111,12 @@ def _quality(args) -> dict:
     r = measure(model_path, args.quantization, args.num_prompts, args.max_new_tokens,
                 device=args.device, dtype=args.dtype, quantize_lm_head=args.quantize_lm_head,
                 quantized_args={"int8_activations": True} if args.int8_activations else None,
+                reference_args={"dtype": args.reference_dtype} if args.reference_dtype else None,
                 **load, **json.loads(args.engine_args))
     method = args.quantization + (" (int8 activations)" if args.int8_activations else "")
-    print(f"{method} vs unquantized ({args.dtype}) over {r['prompts']} prompts: "
+    if args.quantization == "none":
+        method = f"unquantized {args.dtype}"
+    print(f"{method} vs unquantized ({args.reference_dtype or args.dtype}) over {r['prompts']} prompts: "
           f"next-token agreement {r['next_token_agreement']:.1%}, greedy sequences identical "
           f"{r['greedy_sequence_match']:.1%} ({args.max_new_tokens} tokens), mean prefix kept "
           f"{r['mean_prefix_kept']:.1%}", flush=True)

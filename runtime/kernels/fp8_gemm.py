@@ -27,11 +27,18 @@ def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor,
     bias, in x's dtype. N and K must be multiples of 16 (cuBLASLt's FP8 layouts; the
     quantizer keeps other layers unquantized)."""
     shape = x.shape
-    xq, x_scale = quantize_tokens(x.reshape(-1, shape[-1]))
+    out = scaled_product(*quantize_tokens(x.reshape(-1, shape[-1])), qweight, w_scale, bias,
+                         x.dtype)
+    return out.view(*shape[:-1], qweight.shape[0])
+
+
+def scaled_product(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor,
+                   w_scale: torch.Tensor, bias: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """(xq * x_scale) @ (qweight * w_scale).T (+ bias) in `dtype`, rows [M, N], from FP8
+    activations quantized per row (here, or by triton_fp8_quant.py with the op before)."""
     # row-wise scaling computes in float32 and writes bf16 (the only output it supports)
     out = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1),
                            out_dtype=torch.bfloat16)
-    out = out.to(x.dtype)
-    if bias is not None:
-        out = out + bias
-    return out.view(*shape[:-1], qweight.shape[0])
+    out = out.to(dtype)
+    return out if bias is None else out + bias
