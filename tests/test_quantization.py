@@ -149,8 +149,10 @@ def test_triton_ops_route_8bit_weights_like_the_reference():
             x = torch.randn(rows, 64)
             ref = F.linear(x, qw.dequantize())
             got = ops.linear(x, qw)
-            if method == "fp8" and rows > 16:  # activations quantized too: FP8's error
-                assert (got - ref).norm() / ref.norm() < 0.05
+            if method == "fp8" and rows > 16:  # activations quantized too: FP8's error (and
+                # the interpreter's E4M3 cast's, tests/test_fp8_quant_kernel.py; compiled:
+                # tests/test_gpu_quantization.py's bound)
+                assert (got - ref).norm() / ref.norm() < 0.1
             else:
                 torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-4)
         normed = torch.randn(1, 64)
