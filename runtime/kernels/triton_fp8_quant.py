@@ -44,8 +44,9 @@ def _quantize_kernel(x, res, res_out, norm_w, xq, x_scale, stride_x, stride_r, s
         if MODE == "norm":
             w = tl.load(norm_w + cols, mask=mask, other=0.0)
             v = rms_scaled(v, rms_inverse(v, n, eps), w).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(v), 0), 1e-12) / fp8_max
-    q = tl.minimum(tl.maximum(v / scale, -fp8_max), fp8_max)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), 0), 1e-12), fp8_max)
+    # (IEEE division, as torch divides: '/' is the GPU's approximate div.full.f32)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -fp8_max), fp8_max)
     tl.store(xq + row * stride_q + cols, q.to(xq.dtype.element_ty), mask=mask)
     tl.store(x_scale + row, scale)
 
