@@ -17,7 +17,8 @@ FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(xq [M, K] float8_e4m3fn, scale [M, 1] float32) with x ~= xq * scale, per row."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12) / FP8_MAX
+    # (times the reciprocal: a division by a scalar is one on the CPU and this on CUDA)
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12) * (1.0 / FP8_MAX)
     return (xf / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 

@@ -6,8 +6,8 @@ kernel; this is one, each program a whole row held in registers.
 
 It rounds as the PyTorch reference (`fp8_gemm.quantize_tokens` after `TorchOps.rms_norm` or
 `TorchOps.gated`) does: the norm or activation is rounded to the model's dtype first (the
-shared `rms_scaled` and `gated` of triton_ops.py), then scale = max|row| / 448 in float32 and
-each value divided by it (IEEE division) and cast to E4M3 (round to nearest even).
+shared `rms_scaled` and `gated` of triton_ops.py), then scale = max|row| * (1 / 448) in
+float32 and each value divided by it (IEEE division) and cast to E4M3 (round to nearest even).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 
 @triton.jit
 def _quantize_kernel(x, res, res_out, norm_w, xq, x_scale, stride_x, stride_r, stride_ro,
-                     stride_q, n, eps, fp8_max, MODE: tl.constexpr, HAS_RES: tl.constexpr,
-                     ACT: tl.constexpr, BLOCK: tl.constexpr):
+                     stride_q, n, eps, fp8_max, inv_fp8_max, MODE: tl.constexpr,
+                     HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -44,8 +44,10 @@ def _quantize_kernel(x, res, res_out, norm_w, xq, x_scale, stride_x, stride_r, s
         if MODE == "norm":
             w = tl.load(norm_w + cols, mask=mask, other=0.0)
             v = rms_scaled(v, rms_inverse(v, n, eps), w).to(tl.float32)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), 0), 1e-12), fp8_max)
-    # (IEEE division, as torch divides: '/' is the GPU's approximate div.full.f32)
+    # as quantize_tokens computes them: the scale times the float32 reciprocal of 448, each
+    # value IEEE-divided by the scale ('/' is the GPU's approximate div.full.f32, which
+    # rounds a rare value to the other E4M3 neighbour)
+    scale = tl.maximum(tl.max(tl.abs(v), 0), 1e-12) * inv_fp8_max
     q = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -fp8_max), fp8_max)
     tl.store(xq + row * stride_q + cols, q.to(xq.dtype.element_ty), mask=mask)
     tl.store(x_scale + row, scale)
@@ -63,7 +65,7 @@ def _launch(x: torch.Tensor, n: int, mode: str, norm_weight=None, eps: float = 0
             x, residual if residual is not None else x, res_out,
             norm_weight if norm_weight is not None else x, xq, scale, x.stride(0),
             residual.stride(0) if residual is not None else 0, res_out.stride(0), xq.stride(0),
-            n, eps, FP8_MAX, MODE=mode, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
+            n, eps, FP8_MAX, 1.0 / FP8_MAX, MODE=mode, HAS_RES=residual is not None, ACT=ACTIVATIONS[act],
             BLOCK=block, num_warps=4 if n <= 2048 else 8)  # (the norm kernel's: its sum's order)
     return xq, scale, res_out
 
