@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import contextmanager
 
 import torch
 from safetensors import safe_open
@@ -46,6 +47,30 @@ def checkpoint_files(model_dir: str) -> list[str]:
     )
 
 
+_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
+          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_")
+
+
+@contextmanager
+def meta_device():
+    """`torch.device("meta")` with torch.nn.init's functions skipped: the weights are loaded
+    (or made random) after, and `normal_` on a meta tensor imports torch._dynamo, which took
+    2-8 s at every CPU process's start (nn.Embedding, nn.Conv2d initialize themselves)."""
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+    try:
+        for name in _INITS:
+            setattr(nn.init, name, _unchanged)
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _unchanged(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    return tensor
+
+
 def check_tensor_parallel(model_config, size: int) -> None:
     """A ValueError naming the problem if the model cannot be split over `size` ranks: its
     family has no parallel layers, or `size` does not divide a count it splits (heads,
@@ -63,7 +88,7 @@ def check_tensor_parallel(model_config, size: int) -> None:
     before = parallel_state.tensor_parallel()
     parallel_state.set_tensor_parallel(0, size)
     try:
-        with torch.device("meta"):
+        with meta_device():
             cls(model_config.arch)
     finally:
         parallel_state.set_tensor_parallel(before.rank, before.size, before.group,
@@ -106,7 +131,7 @@ def load_model(model_config, device: str, dtype: torch.dtype,
         files = checkpoint_files(model_config.model_path)  # fail before allocating anything
     elif load_format != "dummy":
         raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {load_format!r}")
-    with torch.device("meta"):
+    with meta_device():
         model = cls(model_config.arch)
     model = model.to(dtype=dtype).to_empty(device=device)
     if load_format == "dummy":

@@ -10,8 +10,11 @@ from torch import nn
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] in float32: plain RoPE or rope_type "llama3"."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """Inverse frequencies [head_dim // 2] in float32 on the CPU (also inside the loader's meta
+    build, where arithmetic on meta tensors would import torch._dynamo): plain RoPE or
+    rope_type "llama3"."""
+    positions = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
+    inv_freq = 1.0 / (theta ** (positions / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv_freq
