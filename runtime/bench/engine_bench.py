@@ -10,15 +10,35 @@ from seq2serve.runtime.bench.workload import BenchRequest
 def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
     """Submit every request at once (the scheduler batches them); output tokens/s (with
     beams: of the best hypotheses, all output_len long), and the KV bytes a request held."""
-    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
-          "num_beams": num_beams}
-    images = [[r.image] for r in reqs] if reqs[0].image is not None else None
-    warm = min(len(reqs), 4)  # compile / allocate outside the timing, other inputs
+    warm_engine(engine, reqs, num_beams)
+    return time_engine(engine, reqs, output_len, num_beams)
+
+
+def _sampling(output_len: int, num_beams: int) -> dict:
+    return {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
+            "num_beams": num_beams}
+
+
+def _images(reqs: list[BenchRequest]):
+    return [[r.image] for r in reqs] if reqs[0].image is not None else None
+
+
+def warm_engine(engine, reqs: list[BenchRequest], num_beams: int = 1) -> None:
+    """Compile / allocate outside the timing, on other inputs (a few short requests)."""
+    images = _images(reqs)
+    warm = min(len(reqs), 4)
     engine.generate(input_ids=[r.input_ids[:8] + [1] for r in reqs[:warm]]
                     if images is None else [r.input_ids for r in reqs[:warm]],
                     image_data=images[:warm] if images else None,
-                    sampling_params={**sp, "max_new_tokens": 4})
+                    sampling_params=_sampling(4, num_beams))
     engine.flush_cache()
+
+
+def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
+    """One timed run of `bench_engine` on a warm engine (a cache it leaves is flushed, so
+    that the next run starts alike)."""
+    sp = _sampling(output_len, num_beams)
+    images = _images(reqs)
     before = engine.stats()
     start = time.perf_counter()
     outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
@@ -37,6 +57,7 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: i
                                  sampling_params={**sp, "num_beams": 1})
         kv["greedy_kv_bytes_per_request"] = _mean(o["meta_info"]["kv_bytes"] for o in greedy)
         kv["kv_ratio_to_greedy"] = kv["kv_bytes_per_request"] / kv["greedy_kv_bytes_per_request"]
+    engine.flush_cache()
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens, **kv,
             "output_ids": [o["output_ids"] for o in outs],
             "decode_steps": steps, **_step_times(before, after, elapsed, steps),
