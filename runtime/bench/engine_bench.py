@@ -23,14 +23,23 @@ def _images(reqs: list[BenchRequest]):
     return [[r.image] for r in reqs] if reqs[0].image is not None else None
 
 
-def warm_engine(engine, reqs: list[BenchRequest], num_beams: int = 1) -> None:
-    """Compile / allocate outside the timing, on other inputs (a few short requests)."""
+def warm_engine(engine, reqs: list[BenchRequest], num_beams: int = 1,
+                full: tuple[int, int] | None = None) -> None:
+    """Compile / allocate outside the timing, on other inputs: a few requests cut short, or
+    with `full` = (requests, output_len) the workload's own shapes (the sources reversed,
+    their lengths kept), as the baselines warm up on a full batch (`bench offline
+    --repeats`)."""
     images = _images(reqs)
-    warm = min(len(reqs), 4)
-    engine.generate(input_ids=[r.input_ids[:8] + [1] for r in reqs[:warm]]
-                    if images is None else [r.input_ids for r in reqs[:warm]],
-                    image_data=images[:warm] if images else None,
-                    sampling_params=_sampling(4, num_beams))
+    count, output_len = full or (4, 4)
+    warm = min(len(reqs), count)
+    if images is not None:
+        ids = [r.input_ids for r in reqs[:warm]]
+    elif full:
+        ids = [r.input_ids[::-1] for r in reqs[:warm]]
+    else:
+        ids = [r.input_ids[:8] + [1] for r in reqs[:warm]]
+    engine.generate(input_ids=ids, image_data=images[:warm] if images else None,
+                    sampling_params=_sampling(output_len, num_beams))
     engine.flush_cache()
 
 

@@ -25,7 +25,7 @@ def offline_repeated(args, model_dir: str, load: dict, reqs, results: dict,
     baselines = _baselines(args, model_dir, reqs, batch)
     for c in concurrencies:
         with open_engine(model_dir, load, args, c) as engine:
-            warm_engine(engine, reqs, args.num_beams)
+            warm_engine(engine, reqs, args.num_beams, full=(c, args.output_len))
             runners = {"seq2serve": lambda e=engine: time_engine(e, reqs, args.output_len,
                                                                  args.num_beams)}
             runs = interleave(runners | baselines, args.repeats, _print_run)
