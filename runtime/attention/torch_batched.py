@@ -5,7 +5,8 @@ tokens are) gathers every request's K/V into one padded tensor per layer, head-m
 attends with two batched products and a softmax (`_attend_one`), with padding as an additive
 mask and the T5 bias looked up by distance; it builds none of the reference's per-request
 metadata. The encoder pads its inputs into groups of near-equal length
-(`padded_segments.py`; inputs of one length need no copy) and attends once per group (`scaled_dot_product_attention`).
+(`padded_segments.py`; inputs of one length need no copy) and attends once per group
+(`scaled_dot_product_attention`).
 A request's cross K/V never change while it decodes, so consecutive decode steps of the same
 requests reuse the padded cross K/V the first one gathered (any encode or prefill forward,
 the only ones after which a slot can hold another input's K/V, drops them).
