@@ -32,6 +32,7 @@ from torch import nn
 
 from seq2serve.models.ops import TorchOps
 from seq2serve.models.quantized_weight import QuantizedWeight
+from seq2serve.runtime.kernels.activations import torch_activation
 
 _INT8_ENGINES = ("x86", "fbgemm")  # the dynamic int8 linear's x86 back ends
 
@@ -87,6 +88,13 @@ class OneDnnOps(TorchOps):
             else:
                 continue
             self._packed[id(w)] = (w, torch.ops.mkldnn._reorder_linear_weight(dense))
+
+    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) * up, the product written into act(gate)'s buffer (the reference's
+        arithmetic; one [rows, d_ff] buffer fewer: the encoder's are 8 MB at t5-small's
+        2,048 x 1,024)."""
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        return torch_activation(activation)(gate).mul_(up)
 
     def linear(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.dtype != torch.float32 or x.requires_grad:

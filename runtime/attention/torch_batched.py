@@ -1,10 +1,12 @@
 """The CPU backend: decode steps and the encoder batched over requests, prefills as the reference.
 
 A decode step (one new token per request, also a prefill of one token each, as T5's start
-tokens are) gathers every request's K/V into one padded tensor per layer and attends in one
-fused product (`scaled_dot_product_attention`), with padding as an additive mask and the T5
-bias looked up by distance. The encoder pads its inputs into groups of near-equal length
-(`padded_segments.py`; inputs of one length need no copy) and attends once per group.
+tokens are) gathers every request's K/V into one padded tensor per layer, head-major, and
+attends with two batched products and a softmax (`_attend_one`), with padding as an additive
+mask and the T5 bias looked up by distance; it builds none of the reference's per-request
+metadata. The encoder pads its inputs into groups of near-equal length
+(`padded_segments.py`; inputs of one length need no copy) and attends once per group
+(`scaled_dot_product_attention`).
 A request's cross K/V never change while it decodes, so consecutive decode steps of the same
 requests reuse the padded cross K/V the first one gathered (any encode or prefill forward,
 the only ones after which a slot can hold another input's K/V, drops them).
@@ -27,15 +29,15 @@ from seq2serve.runtime.attention.forward_batch import (
     ForwardMode,
 )
 from seq2serve.runtime.attention.padded_segments import PaddedSegments, SegmentGroup
-from seq2serve.runtime.attention.torch_native import TorchNativeBackend
+from seq2serve.runtime.attention.torch_native import TorchNativeBackend, _Metadata
 
 
 @dataclass
 class _Rows:
-    """One token per request: padded slot indices (flat, [B * L] / [B * E]) and masks."""
+    """One token per request: padded slot indices (flat) and masks."""
 
     batch: int
-    kv_slots: torch.Tensor
+    kv_slots: torch.Tensor  # pool rows x KV heads + head, ordered [B, KVH, L]
     kv_mask: torch.Tensor  # [B, 1, 1, L] additive: 0 or -inf
     cross_slots: torch.Tensor
     cross_mask: torch.Tensor  # [B, 1, 1, E] additive
@@ -63,13 +65,17 @@ class TorchBatchedBackend(TorchNativeBackend):
         self._cross: _CrossKV | None = None  # set by decode steps, dropped by other forwards
 
     def init_forward_metadata(self, fb: ForwardBatch | EncodeForwardBatch) -> None:
-        super().init_forward_metadata(fb)
-        fb.attn_metadata.rows = None
-        fb.attn_metadata.segments = None
         if fb.forward_mode is not ForwardMode.DECODE:
             self._cross = None  # the cross pool may change now (an encode, a new request)
         if fb.forward_mode is ForwardMode.ENCODE or any(n != 1 for n in fb.host.extend_lens):
+            super().init_forward_metadata(fb)
+            fb.attn_metadata.rows = None
+            fb.attn_metadata.segments = None
             return
+        # one token per request: the reference's per-request index lists (two small copies
+        # per request and step) are never read
+        fb.attn_metadata = _Metadata(q_starts=[], kv_indices=[], cross_indices=[])
+        fb.attn_metadata.segments = None
         h, pool = fb.host, fb.req_to_token_pool
         device = pool.req_to_token.device
         table_rows = torch.tensor(h.req_pool_indices, dtype=torch.int64, device=device)
@@ -85,7 +91,8 @@ class TorchBatchedBackend(TorchNativeBackend):
         cross_slots = pool.req_to_cross[table_rows, : cross.numel()].reshape(-1).long()
         fb.attn_metadata.rows = _Rows(
             batch=len(h.seq_lens),
-            kv_slots=pool.req_to_token[table_rows, : keys.numel()].reshape(-1).long(),
+            kv_slots=_head_rows(pool.req_to_token[table_rows, : keys.numel()].long(),
+                                fb.token_to_kv_pool.k_buffers[0].shape[1]),
             kv_mask=_additive(keys[None, :] < seq_lens[:, None]),
             cross_slots=cross_slots,
             cross_mask=_additive(cross_ok),
@@ -116,8 +123,8 @@ class TorchBatchedBackend(TorchNativeBackend):
         if rows is None:
             return super().forward_self(q, layer, fb, position_bias)
         pool = fb.token_to_kv_pool
-        k = _gather(pool.k_buffers[layer.layer_id], rows.kv_slots, rows.batch)
-        v = _gather(pool.v_buffers[layer.layer_id], rows.kv_slots, rows.batch)
+        k = _gather_heads(pool.k_buffers[layer.layer_id], rows.kv_slots, rows.batch)
+        v = _gather_heads(pool.v_buffers[layer.layer_id], rows.kv_slots, rows.batch)
         mask = rows.kv_mask
         if position_bias is not None:  # by distance, computed by the first layer that asks
             if id(position_bias) not in rows.bias:
@@ -127,7 +134,7 @@ class TorchBatchedBackend(TorchNativeBackend):
                 bias = by_distance[:, 0, rows.distance].transpose(0, 1)  # [B, H, L]
                 rows.bias[id(position_bias)] = bias[:, :, None, :].float() + mask
             mask = rows.bias[id(position_bias)]
-        return _attend(q[:, :, None, :], k, v, layer, mask).view(rows.batch, -1)
+        return _attend_one(q, k, v, layer, mask)
 
     def forward_cross(self, q: torch.Tensor, layer: AttentionLayer,
                       fb: ForwardBatch) -> torch.Tensor:
@@ -137,11 +144,14 @@ class TorchBatchedBackend(TorchNativeBackend):
         kv = rows.cross_kv.get(layer.layer_id)
         if kv is None:
             pool = fb.cross_kv_pool
+            # contiguous: read at every step of the batch, gathered once
             kv = rows.cross_kv[layer.layer_id] = (
-                _gather(pool.k_buffers[layer.layer_id], rows.cross_slots, rows.batch),
-                _gather(pool.v_buffers[layer.layer_id], rows.cross_slots, rows.batch))
+                _gather(pool.k_buffers[layer.layer_id], rows.cross_slots,
+                        rows.batch).contiguous(),
+                _gather(pool.v_buffers[layer.layer_id], rows.cross_slots,
+                        rows.batch).contiguous())
         k, v = kv
-        out = _attend(q[:, :, None, :], k, v, layer, rows.cross_mask).view(rows.batch, -1)
+        out = _attend_one(q, k, v, layer, rows.cross_mask)
         if rows.cross_any is None:
             return out
         # a token with no key to attend to (no encoder input, or none in its range) gets zero
@@ -189,6 +199,19 @@ def _gather(buf: torch.Tensor, slots: torch.Tensor, batch: int) -> torch.Tensor:
     return k.view(batch, -1, *buf.shape[1:]).transpose(1, 2)
 
 
+def _head_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Pool slots [B, L] -> rows of the pool viewed as [slots * KVH, D], ordered [B, KVH, L]:
+    a gather then yields K or V in the layout the products read, with no copy after it."""
+    heads = torch.arange(kv_heads, device=slots.device)
+    return (slots[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
+
+
+def _gather_heads(buf: torch.Tensor, rows: torch.Tensor, batch: int) -> torch.Tensor:
+    """The pool's rows (`_head_rows`) as [B, KVH, L, D], contiguous."""
+    out = buf.view(-1, buf.shape[-1]).index_select(0, rows)
+    return out.view(batch, buf.shape[1], -1, buf.shape[-1])
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
             mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, n, D], k/v [B, KVH, L, D], mask additive (broadcast to [B, H, n, L]) ->
@@ -197,3 +220,20 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionL
         q.float(), k.float(), v.float(), attn_mask=mask, scale=layer.scaling,
         enable_gqa=layer.num_kv_heads != layer.num_heads)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1).to(q.dtype)
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
+                mask: torch.Tensor) -> torch.Tensor:
+    """One query per row: q [B, H, D], k/v [B, KVH, L, D], mask additive [B, 1 | H, 1, L]
+    -> [B, H * D], in float32. Two batched products and a softmax, as the reference computes
+    it: for a single query, `scaled_dot_product_attention`'s CPU kernel (blocked for long
+    queries) took 1.6x as long. A query group of a KV head is one [G, D] x [D, L] product."""
+    b, heads, d = q.shape
+    kvh, length = k.shape[1], k.shape[2]
+    scores = torch.matmul(q.float().view(b, kvh, heads // kvh, d),
+                          k.float().transpose(-1, -2))  # [B, KVH, G, L]
+    if layer.scaling != 1.0:
+        scores.mul_(layer.scaling)
+    scores = scores.view(b, heads, 1, length).add_(mask)
+    probs = torch.softmax(scores, dim=-1).view(b, kvh, heads // kvh, length)
+    return torch.matmul(probs, v.float()).view(b, heads * d).to(q.dtype)

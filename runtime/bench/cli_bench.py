@@ -1,5 +1,6 @@
 """`seq2serve bench offline | one-batch`: seq2serve and (with --baseline hf) Hugging Face
-`generate` on the same model shape and workload, in one run, with the ratios."""
+`generate` on the same model shape and workload, in one run, with the ratios (offline with
+`--repeats N`: interleaved runs and the ratio of the medians, runtime/bench/interleaved.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,17 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--device", default=None)
         p.add_argument("--engine-args", default="{}", help="JSON of extra engine options")
         p.add_argument("--json", help="write all results here")
+        if name == "offline":
+            p.add_argument("--repeats", type=_positive, default=1,
+                           help="run seq2serve and each baseline alternately N times each "
+                                "(one engine, one baseline model); report the medians")
         p.set_defaults(fn=fn)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--repeats takes a positive integer, got {text!r}")
+    return int(text)
 
 
 def _baselines(text: str) -> set[str]:
@@ -119,6 +130,10 @@ def _offline(args) -> dict:
     mc, reqs = _requests(model_dir, args, args.num_requests)
     results = {"workload": vars(args) | {"fn": None, "baseline": sorted(args.baseline)},
                "hardware": _hardware(mc, 2), "seq2serve": [], "hf": []}
+    if args.repeats > 1:
+        from seq2serve.runtime.bench.interleaved import offline_repeated
+
+        return _report(offline_repeated(args, model_dir, load, reqs, results, _engine))
     outputs = None
     for c in [int(x) for x in args.batch_sizes.split(",")]:
         with _engine(model_dir, load, args, c) as engine:
@@ -230,7 +245,8 @@ def _report(results: dict) -> dict:
         if "tokens_per_s" in h and ours:
             h["seq2serve_ratio"] = ours / h["tokens_per_s"]
             name = h["mode"] if h["mode"].startswith("ct2") else f"HF {h['mode']}"
-            print(f"ratio seq2serve / {name}: {h['seq2serve_ratio']:.2f}x")
+            medians = " (of the medians)" if h.get("repeats", 1) > 1 else ""
+            print(f"ratio seq2serve / {name}: {h['seq2serve_ratio']:.2f}x{medians}")
     hw = results.get("hardware", {})
     if hw:
         print(f"device {hw['device_name']}, copy bandwidth {hw['copy_bandwidth_gbs']:.0f} GB/s")

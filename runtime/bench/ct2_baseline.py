@@ -33,31 +33,47 @@ def bench_ct2(model_dir: str, reqs: list[BenchRequest], batch_size: int, output_
               compute_type: str = "float32", threads: int | None = None) -> dict:
     """Output tokens/s of `Translator.translate_batch` (greedy, exactly `output_len` tokens
     each) over all `reqs`, after a warm-up batch; with each request's output ids."""
-    try:
-        import ctranslate2
-    except ImportError as e:
-        raise RuntimeError("--baseline ct2 needs the ctranslate2 package "
-                           "(pip install -e '.[ct2]')") from e
-    import torch
+    return Ct2Runner(model_dir, reqs, batch_size, output_len, compute_type, threads)()
 
-    from seq2serve.runtime.config.tokenizer import load_tokenizer
 
-    converted = tempfile.mkdtemp(prefix="ct2-")
-    ctranslate2.converters.TransformersConverter(model_dir).convert(converted, force=True)
-    threads = threads or torch.get_num_threads()
-    translator = ctranslate2.Translator(converted, device="cpu", compute_type=compute_type,
-                                        inter_threads=1, intra_threads=threads)
-    tok = load_tokenizer(model_dir)
-    sources = [tok.convert_ids_to_tokens(r.input_ids) for r in reqs]
-    # exactly output_len tokens, EOS an ordinary token (as seq2serve's ignore_eos)
-    opts = dict(beam_size=1, max_decoding_length=output_len, min_decoding_length=output_len,
-                end_token=[],
-                max_batch_size=batch_size)
-    translator.translate_batch(sources[:batch_size], **opts)  # warm-up
-    start = time.perf_counter()
-    results = translator.translate_batch(sources, **opts)
-    elapsed = time.perf_counter() - start
-    outputs = [tok.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
-    return {"mode": f"ct2-{compute_type}", "batch_size": batch_size, "threads": threads,
-            "tokens_per_s": sum(map(len, outputs)) / elapsed, "seconds": elapsed,
-            "ctranslate2_version": ctranslate2.__version__, "output_ids": outputs}
+class Ct2Runner:
+    """The checkpoint converted and loaded once, warmed up on one batch; each call is one
+    timed `translate_batch` over all `reqs` (`bench offline --repeats` calls it N times)."""
+
+    def __init__(self, model_dir: str, reqs: list[BenchRequest], batch_size: int,
+                 output_len: int, compute_type: str = "float32",
+                 threads: int | None = None) -> None:
+        try:
+            import ctranslate2
+        except ImportError as e:
+            raise RuntimeError("--baseline ct2 needs the ctranslate2 package "
+                               "(pip install -e '.[ct2]')") from e
+        import torch
+
+        from seq2serve.runtime.config.tokenizer import load_tokenizer
+
+        converted = tempfile.mkdtemp(prefix="ct2-")
+        ctranslate2.converters.TransformersConverter(model_dir).convert(converted, force=True)
+        self.version = ctranslate2.__version__
+        self.compute_type, self.batch_size = compute_type, batch_size
+        self.threads = threads or torch.get_num_threads()
+        self.translator = ctranslate2.Translator(converted, device="cpu",
+                                                 compute_type=compute_type, inter_threads=1,
+                                                 intra_threads=self.threads)
+        self.tok = load_tokenizer(model_dir)
+        self.sources = [self.tok.convert_ids_to_tokens(r.input_ids) for r in reqs]
+        # exactly output_len tokens, EOS an ordinary token (as seq2serve's ignore_eos)
+        self.opts = {"beam_size": 1, "max_decoding_length": output_len,
+                     "min_decoding_length": output_len, "end_token": [],
+                     "max_batch_size": batch_size}
+        self.translator.translate_batch(self.sources[:batch_size], **self.opts)  # warm-up
+
+    def __call__(self) -> dict:
+        start = time.perf_counter()
+        results = self.translator.translate_batch(self.sources, **self.opts)
+        elapsed = time.perf_counter() - start
+        outputs = [self.tok.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
+        return {"mode": f"ct2-{self.compute_type}", "batch_size": self.batch_size,
+                "threads": self.threads, "tokens_per_s": sum(map(len, outputs)) / elapsed,
+                "seconds": elapsed, "ctranslate2_version": self.version,
+                "output_ids": outputs}

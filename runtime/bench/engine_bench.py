@@ -10,15 +10,44 @@ from seq2serve.runtime.bench.workload import BenchRequest
 def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
     """Submit every request at once (the scheduler batches them); output tokens/s (with
     beams: of the best hypotheses, all output_len long), and the KV bytes a request held."""
-    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
-          "num_beams": num_beams}
-    images = [[r.image] for r in reqs] if reqs[0].image is not None else None
-    warm = min(len(reqs), 4)  # compile / allocate outside the timing, other inputs
-    engine.generate(input_ids=[r.input_ids[:8] + [1] for r in reqs[:warm]]
-                    if images is None else [r.input_ids for r in reqs[:warm]],
-                    image_data=images[:warm] if images else None,
-                    sampling_params={**sp, "max_new_tokens": 4})
+    warm_engine(engine, reqs, num_beams)
+    return time_engine(engine, reqs, output_len, num_beams)
+
+
+def _sampling(output_len: int, num_beams: int) -> dict:
+    return {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
+            "num_beams": num_beams}
+
+
+def _images(reqs: list[BenchRequest]):
+    return [[r.image] for r in reqs] if reqs[0].image is not None else None
+
+
+def warm_engine(engine, reqs: list[BenchRequest], num_beams: int = 1,
+                full: tuple[int, int] | None = None) -> None:
+    """Compile / allocate outside the timing, on other inputs: a few requests cut short, or
+    with `full` = (requests, output_len) the workload's own shapes (the sources reversed,
+    their lengths kept), as the baselines warm up on a full batch (`bench offline
+    --repeats`)."""
+    images = _images(reqs)
+    count, output_len = full or (4, 4)
+    warm = min(len(reqs), count)
+    if images is not None:
+        ids = [r.input_ids for r in reqs[:warm]]
+    elif full:
+        ids = [r.input_ids[::-1] for r in reqs[:warm]]
+    else:
+        ids = [r.input_ids[:8] + [1] for r in reqs[:warm]]
+    engine.generate(input_ids=ids, image_data=images[:warm] if images else None,
+                    sampling_params=_sampling(output_len, num_beams))
     engine.flush_cache()
+
+
+def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
+    """One timed run of `bench_engine` on a warm engine (a cache it leaves is flushed, so
+    that the next run starts alike)."""
+    sp = _sampling(output_len, num_beams)
+    images = _images(reqs)
     before = engine.stats()
     start = time.perf_counter()
     outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
@@ -37,6 +66,7 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: i
                                  sampling_params={**sp, "num_beams": 1})
         kv["greedy_kv_bytes_per_request"] = _mean(o["meta_info"]["kv_bytes"] for o in greedy)
         kv["kv_ratio_to_greedy"] = kv["kv_bytes_per_request"] / kv["greedy_kv_bytes_per_request"]
+    engine.flush_cache()
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens, **kv,
             "output_ids": [o["output_ids"] for o in outs],
             "decode_steps": steps, **_step_times(before, after, elapsed, steps),

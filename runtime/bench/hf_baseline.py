@@ -64,9 +64,10 @@ def _sync(device: torch.device) -> None:
 
 def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
              output_len: int, mode: str, max_batches: int | None = None,
-             num_beams: int = 1) -> dict:
+             num_beams: int = 1, warmup: bool = True) -> dict:
     """Output tokens/s of `generate` over `reqs` in batches (timing `max_batches` batches and
-    the image preprocessing, if any, and extrapolating to all of them)."""
+    the image preprocessing, if any, and extrapolating to all of them); `warmup=False` on a
+    model this already ran (`bench offline --repeats`) skips the untimed first batch."""
     device = next(model.parameters()).device
     if mode == "static":
         # generate compiles the decoding forward itself when the cache is static
@@ -77,9 +78,10 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
     batches = [b for b in batches if len(b) == batch_size] or batches
     with torch.no_grad():
         t0 = time.perf_counter()
-        model.generate(**hf_inputs(model_dir, batches[0], device), **gen)  # warm-up / compile
-        _sync(device)
-        warmup = time.perf_counter() - t0
+        if warmup:
+            model.generate(**hf_inputs(model_dir, batches[0], device), **gen)  # compile
+            _sync(device)
+        warmup_s = time.perf_counter() - t0
         timed = batches[1: 1 + (max_batches or len(batches))] or batches[:1]
         start = time.perf_counter()
         for b in tqdm(timed, desc=f"HF generate ({mode})", unit="batch", disable=None):
@@ -90,4 +92,4 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
     return {"mode": mode, "batch_size": batch_size, "num_beams": num_beams,
             "tokens_per_s": tokens / elapsed,
             "ms_per_step": elapsed / len(timed) / output_len * 1e3,
-            "timed_batches": len(timed), "warmup_s": warmup}
+            "timed_batches": len(timed), "warmup_s": warmup_s}
