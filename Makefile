@@ -11,7 +11,7 @@ STAMP := $(VENV)/.deps-$(shell cat pyproject.toml constraints.txt | sha256sum | 
 setup: $(STAMP)
 	@$(BIN)/python -c "import os, sys, seq2serve; \
 		sys.exit(os.path.dirname(os.path.abspath(seq2serve.__file__)) != os.getcwd())" \
-		2>/dev/null || PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q --no-deps \
+		2>/dev/null || PYTHONWARNINGS=ignore $(BIN)/python -m pip install -qq --no-deps \
 		--no-build-isolation -e .
 
 # Dependencies, reinstalled only when pyproject.toml or constraints.txt change. Without an
@@ -19,14 +19,14 @@ setup: $(STAMP)
 $(STAMP):
 	@echo "setting up $(VENV) (once, a few minutes)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	@$(BIN)/python -m pip install -qq --upgrade pip setuptools wheel
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
-		$(BIN)/python -m pip install -q torch; \
+		$(BIN)/python -m pip install -qq torch; \
 	else \
-		$(BIN)/python -m pip install -q torch==2.13.0 || \
-		$(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+		$(BIN)/python -m pip install -qq torch==2.13.0 || \
+		$(BIN)/python -m pip install -qq torch --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install -qq -c constraints.txt -e ".[dev]"
 	@rm -f $(VENV)/.deps-* && touch $@
 
 serve: setup
