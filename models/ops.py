@@ -31,6 +31,7 @@ from torch import nn
 
 from seq2serve.models.quantized_weight import QuantizedWeight
 from seq2serve.runtime.kernels.activations import torch_activation
+from seq2serve.runtime.kernels.fp8_gemm import fp8_linear, scaled_product
 
 
 class TorchOps:
@@ -190,8 +191,6 @@ class TritonOps(TorchOps):
     def _fp8_product(x: torch.Tensor, quantized: tuple[torch.Tensor, torch.Tensor],
                      weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """`torch._scaled_mm` of rows quantized by triton_fp8_quant.py, shaped as x's."""
-        from seq2serve.runtime.kernels.fp8_gemm import scaled_product
-
         out = scaled_product(*quantized, weight.qweight, weight.scale, bias, x.dtype)
         return out.view(*x.shape[:-1], weight.shape[0])
 
@@ -214,8 +213,6 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     dtype), each output channel scaled after, in float32. (PyTorch's `_weight_int8pack_mm`
     was 5-40x slower than this from 16 rows on on a 2-core CPU.)"""
     if weight.method == "fp8":
-        from seq2serve.runtime.kernels.fp8_gemm import fp8_linear
-
         return fp8_linear(x, weight.qweight, weight.scale, bias)
     if x.dtype == torch.float16:  # x @ q.T may leave fp16's range before the scale
         return F.linear(x, weight.dequantize(), bias)
