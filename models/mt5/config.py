@@ -39,8 +39,11 @@ class T5Config:
         if activation not in ACTIVATIONS:
             raise ValueError(f"config.json: unsupported activation {activation!r} in {ff!r}")
         tie = cfg.get("tie_word_embeddings", True)
-        # transformers 5 writes scale_decoder_outputs explicitly; older configs imply it by tying
-        scale = cfg.get("scale_decoder_outputs", tie)
+        # T5: transformers 5 writes scale_decoder_outputs explicitly; older configs imply it by
+        # tying. mT5 (MT5ForConditionalGeneration) never scales: its released checkpoints are
+        # untied, and transformers 5 writes every mT5 config tied (and forces the tie on load)
+        # without scaling, so a tied mT5 config is no sign of T5 v1.0's scaled head
+        scale = cfg.get("scale_decoder_outputs", tie and cfg.get("model_type") != "mt5")
         eos = cfg.get("eos_token_id", 1)
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
         pad = cfg.get("pad_token_id", 0)
