@@ -1,0 +1,60 @@
+"""The beam tests' oracles: Hugging Face's `generate(num_beams=...)` for the hypotheses and
+`sequences_scores`, and an independent check of any hypothesis's score: HF's teacher-forced
+log-probs of its tokens (through HF's own logits processors, in HF's order), summed and
+divided by the generated length ** length_penalty, as `_update_finished_beams` scores it."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    ForcedEOSTokenLogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
+
+
+def processors(decoder_prompt_len: int, stops: list[int], max_new: int, ngram: int = 0,
+               repetition_penalty: float = 1.0, min_new_tokens: int = 0,
+               forced_eos: int | None = None) -> LogitsProcessorList:
+    """The processors HF's generate builds for these settings, in its order."""
+    out = LogitsProcessorList()
+    if repetition_penalty != 1.0:
+        out.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if ngram:
+        out.append(NoRepeatNGramLogitsProcessor(ngram))
+    if min_new_tokens:
+        out.append(MinNewTokensLengthLogitsProcessor(decoder_prompt_len, min_new_tokens, stops))
+    if forced_eos is not None:
+        out.append(ForcedEOSTokenLogitsProcessor(decoder_prompt_len + max_new, forced_eos))
+    return out
+
+
+@torch.no_grad()
+def teacher_forced_score(model, encoder_ids: list[int] | None, prompt: list[int],
+                         tokens: list[int], procs: LogitsProcessorList, length_penalty: float,
+                         counted: int = 0) -> float:
+    """HF's beam score of `tokens` generated after the decoder `prompt`: the processed
+    log-prob of each token given the ones before it, summed, over (len(tokens) + counted)
+    ** length_penalty (`counted`: prompt tokens HF counts as generated, a forced language
+    token). Decoder-only models: `encoder_ids` None, `prompt` the prompt."""
+    seq = torch.tensor([prompt + tokens])
+    inputs = seq[:, :-1]
+    if encoder_ids is None:
+        logits = model(input_ids=inputs).logits
+    else:
+        logits = model(input_ids=torch.tensor([encoder_ids]), decoder_input_ids=inputs).logits
+    total = torch.zeros((), dtype=torch.float32)
+    for i, token in enumerate(tokens):
+        at = len(prompt) - 1 + i
+        lp = torch.log_softmax(logits[:, at].float(), dim=-1)
+        lp = procs(seq[:, :at + 1], lp)
+        total = total + lp[0, token]
+    return float(total / float(len(tokens) + counted) ** length_penalty)
+
+
+def strip_after_stop(tokens: list[int], stops) -> list[int]:
+    """A hypothesis as HF pads it, cut after its first stop token."""
+    end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens) - 1)
+    return tokens[:end + 1]
