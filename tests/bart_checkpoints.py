@@ -152,15 +152,19 @@ def _randomize(model, seed: int) -> None:
         model.final_logits_bias.copy_(0.5 * torch.randn(model.final_logits_bias.shape, generator=g))
 
 
-def write_bart_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
+def write_bart_checkpoint(family: str, out: Path, seed: int = 0, **overrides) -> Path:
     """A tiny random checkpoint of `family` ("marian", "m2m100", "nllb", "mbart") with its
-    tokenizer and generation_config.json, in `out`."""
+    tokenizer and generation_config.json, in `out`; `overrides` set config fields (a pad id
+    other than the family's, forced_eos_token_id, ...)."""
     from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
     out.mkdir(parents=True, exist_ok=True)
     tok = tokenizer_for(family, out)
     tok.save_pretrained(str(out))
     cfg = _hf_config(family, tok, CONFIGS[family])
+    forced_eos = overrides.pop("forced_eos_token_id", None)  # a generation setting in HF 5
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
     torch.manual_seed(seed)
     model = AutoModelForSeq2SeqLM.from_config(cfg).eval()
     _randomize(model, seed)
@@ -169,7 +173,8 @@ def write_bart_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
             model.final_logits_bias[0, cfg.pad_token_id] = PAD_BIAS
     model.save_pretrained(str(out))
     gen = {"decoder_start_token_id": cfg.decoder_start_token_id, "pad_token_id": cfg.pad_token_id,
-           "eos_token_id": cfg.eos_token_id, "max_length": 64}
+           "eos_token_id": cfg.eos_token_id, "max_length": 64,
+           "forced_eos_token_id": forced_eos}
     if family == "marian":  # as the OPUS-MT checkpoints ship it
         gen["bad_words_ids"] = [[cfg.pad_token_id]]
     if family == "mbart":  # a one-to-many model's default target: German

@@ -118,8 +118,11 @@ def test_beam_matrix_matches_hf_and_scores_its_hypotheses(model_path):
     srcs = sources(tok)
     model = hf_model(model_path)
     plans, expected = [], {}
+    shift = CONFIGS.index(Path(model_path).name)
     for c, (k, ret, lp, es, ngram, extra, max_new, compete) in enumerate(CASES):
-        for s in (c % 4, (c + 2) % 4):
+        if (c + shift) % 3 == 0:  # each config runs 4 of the cases: each case runs on 3
+            continue
+        for s in ((c + shift) % 4, (c + shift + 2) % 4):
             ids = srcs[s]
             stops = _competing_stops(model_path, ids) if compete else []
             rid = f"c{c}s{s}"

@@ -54,6 +54,7 @@ class BartConfig:
     eos_token_ids: tuple[int, ...]
     decoder_start_token_id: int
     forced_bos_token_id: int | None  # the first generated token HF forces, if any
+    forced_eos_token_ids: tuple[int, ...] = ()  # HF forces one as the last token (max length)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> BartConfig:
@@ -101,6 +102,7 @@ class BartConfig:
             eos_token_ids=tuple(int(e) for e in eos_ids if e is not None),
             decoder_start_token_id=int(start if start is not None else eos_ids[0]),
             forced_bos_token_id=cfg.get("forced_bos_token_id"),
+            forced_eos_token_ids=_ids(cfg.get("forced_eos_token_id")),
         )
 
     @property
@@ -136,6 +138,13 @@ class BartConfig:
     def suppressed_token_ids(self) -> tuple[int, ...]:
         """Tokens never generated: Marian's pad, which starts its decoder."""
         return (self.pad_token_id,) if self.family.never_pad else ()
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    """A token id field that may be one id, a list of them, or null."""
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
 def _req(cfg: dict[str, Any], key: str) -> Any:

@@ -1,11 +1,12 @@
 """The BART family's absolute positions: which table row each token adds to its embedding.
 
 - Marian: sinusoids (sin of every even feature, then cos of every odd one), row = position.
-- M2M100 / NLLB (fairseq): sinusoids (sin half, cos half), row = 2 + the count of non-pad
-  tokens before it; a pad token reads row 1 (the padding row, zeros). In a decode step HF
-  counts from its cache length, so a generated pad shifts nothing after it: row = 2 + position
-  for every non-pad token.
-- mBART: a learned table, row = 2 + position.
+- M2M100 / NLLB (fairseq): sinusoids (sin half, cos half), row = pad id + 1 + the count of
+  non-pad tokens before it; a pad token reads the pad id's row (the padding row, zeros). In a
+  decode step HF counts from its cache length, so a generated pad shifts nothing after it:
+  row = pad id + 1 + position for every non-pad token. (Every released checkpoint has pad id 1,
+  hence fairseq's "offset 2"; the rule is HF's `padding_idx + 1 + count` for any pad id.)
+- mBART: a learned table, row = 2 + position, whatever the pad id (HF's fixed offset).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-OFFSET = 2  # fairseq's rows 0 and 1 (row 1: padding)
+LEARNED_OFFSET = 2  # mBART's table: rows 0 and 1 are never read (HF's fixed offset)
 
 
 def marian_sinusoids(n_pos: int, dim: int) -> torch.Tensor:
@@ -57,7 +58,11 @@ class PositionTable(nn.Module):
     def __init__(self, kind: str, max_positions: int, dim: int, padding_idx: int) -> None:
         super().__init__()
         self.kind, self.padding_idx = kind, padding_idx
-        self.rows = max_positions + (0 if kind == "marian" else OFFSET)
+        # the row of position 0
+        self.offset = {"marian": 0, "learned": LEARNED_OFFSET}.get(kind, padding_idx + 1)
+        # fairseq: HF sizes its table max_positions + 2 and grows it on demand past that
+        self.rows = max_positions + (max(self.offset, LEARNED_OFFSET) if kind == "fairseq"
+                                     else self.offset)
         self.dim = dim
         if kind == "learned":  # in the checkpoint
             self.weight = nn.Parameter(torch.empty(self.rows, dim), requires_grad=False)
@@ -75,17 +80,17 @@ class PositionTable(nn.Module):
         """Rows of a packed encoder batch (the fairseq rule counts non-pad tokens)."""
         pos = segment_positions(segment_lens, token_ids.device)
         if self.kind != "fairseq":
-            return pos + (OFFSET if self.kind == "learned" else 0)
+            return pos + self.offset
         real = (token_ids != self.padding_idx).long()
         before = torch.cumsum(real, 0) - real  # non-pad tokens before each, whole batch
         start = before[pos.new_tensor(_segment_starts(segment_lens)).repeat_interleave(
             pos.new_tensor(segment_lens))]
-        return torch.where(real.bool(), before - start + OFFSET, self.padding_idx)
+        return torch.where(real.bool(), before - start + self.offset, self.padding_idx)
 
     def decoder_rows(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.kind == "marian":
             return positions
-        rows = positions + OFFSET
+        rows = positions + self.offset
         if self.kind == "fairseq":
             rows = torch.where(input_ids == self.padding_idx, self.padding_idx, rows)
         return rows

@@ -23,6 +23,8 @@ class ModelConfig:
     # generation_config.json's single-token bad_words_ids (OPUS-MT: its pad)
     generation_bad_ids: tuple[int, ...] = ()
     generation_forced_bos: int | None = None  # generation_config.json's forced_bos_token_id
+    # generation_config.json's forced_eos_token_id, as ids; None where the file has no such key
+    generation_forced_eos: tuple[int, ...] | None = None
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -47,6 +49,7 @@ class ModelConfig:
             generation_eos_ids=_generation_eos(model_path),
             generation_bad_ids=_generation_bad_ids(model_path),
             generation_forced_bos=_generation_config(model_path).get("forced_bos_token_id"),
+            generation_forced_eos=_generation_forced_eos(model_path),
         )
 
     @property
@@ -70,6 +73,15 @@ class ModelConfig:
         return getattr(self.arch, "forced_bos_token_id", None)
 
     @property
+    def forced_eos_token_ids(self) -> tuple[int, ...]:
+        """Tokens HF's generate forces as the last one when max_new_tokens is reached
+        (ForcedEOSTokenLogitsProcessor: generation_config.json's forced_eos_token_id, else
+        config.json's; OPUS-MT, mBART and M2M100 checkpoints ship one)."""
+        if self.generation_forced_eos is not None:
+            return self.generation_forced_eos
+        return tuple(getattr(self.arch, "forced_eos_token_ids", ()))
+
+    @property
     def is_encoder_decoder(self) -> bool:
         return self.arch.is_encoder_decoder
 
@@ -89,6 +101,16 @@ def _generation_config(model_path: str) -> dict:
 def _generation_bad_ids(model_path: str) -> tuple[int, ...]:
     bad = _generation_config(model_path).get("bad_words_ids") or []
     return tuple(int(w[0]) for w in bad if isinstance(w, list) and len(w) == 1)
+
+
+def _generation_forced_eos(model_path: str) -> tuple[int, ...] | None:
+    gen = _generation_config(model_path)
+    if "forced_eos_token_id" not in gen:
+        return None
+    value = gen["forced_eos_token_id"]
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
 def _generation_eos(model_path: str) -> tuple[int, ...]:

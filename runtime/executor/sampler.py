@@ -128,6 +128,9 @@ class Sampler:
             logits = _apply_penalties(logits, sb)
         if sb.banned_rows is not None:
             logits[sb.banned_rows, sb.banned_cols] = float("-inf")
+        if sb.forced_rows is not None:  # HF's ForcedEOSTokenLogitsProcessor, applied last
+            logits[sb.forced_rows] = float("-inf")
+            logits[sb.forced_rows[:, None], sb.forced_ids[None, :]] = 0.0
         out = StepOutput(next_token_ids=self._sample(logits, sb))
         if sb.beam_rows:
             out.beam_values, out.beam_ids = _beam_candidates(logits, sb)

@@ -40,6 +40,10 @@ class SamplingBatch:
     # tokens that may not be sampled yet (min_new_tokens): parallel row/column index tensors
     banned_rows: torch.Tensor | None
     banned_cols: torch.Tensor | None
+    # rows whose next token is their last (max_new_tokens): only the model's forced EOS ids
+    # may come, scored 0 (HF's ForcedEOSTokenLogitsProcessor); None if no row is forced
+    forced_rows: torch.Tensor | None
+    forced_ids: torch.Tensor | None
     # log probabilities to return
     want_logprobs: bool
     top_logprobs_num: int
@@ -65,10 +69,12 @@ class SamplingBatch:
 
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
-                  device: str, pending: int = 0, beams: dict | None = None) -> SamplingBatch:
+                  device: str, pending: int = 0, beams: dict | None = None,
+                  forced_eos: tuple[int, ...] = ()) -> SamplingBatch:
         """`pending`: tokens each request has generated that the host has not seen yet (the
         overlap scheduler's one step of lag); they count for seeds and min_new_tokens.
-        `beams`: `beam_layout(...)` when the batch has beam search rows."""
+        `beams`: `beam_layout(...)` when the batch has beam search rows. `forced_eos`: the
+        model's forced_eos_token_id(s), forced on a row's last token."""
         sps = [r.sampling_params for r in reqs]
 
         def col(values, dtype=torch.float32):
@@ -92,6 +98,9 @@ class SamplingBatch:
                 ban = banned_ngram_tokens(r.fill_ids, sp.no_repeat_ngram_size)
                 banned_rows += [i] * len(ban)
                 banned_cols += ban
+
+        forced = [i for i, (r, sp) in enumerate(zip(reqs, sps))
+                  if forced_eos and len(r.output_ids) + pending + 1 >= sp.max_new_tokens]
 
         def padded(seqs: list[list[int]]) -> torch.Tensor:
             width = max(1, max(len(s) for s in seqs))
@@ -121,6 +130,9 @@ class SamplingBatch:
             if banned_rows else None,
             banned_cols=torch.tensor(banned_cols, dtype=torch.int64).to(device)
             if banned_rows else None,
+            forced_rows=torch.tensor(forced, dtype=torch.int64).to(device) if forced else None,
+            forced_ids=torch.tensor(forced_eos, dtype=torch.int64).to(device)
+            if forced else None,
             want_logprobs=any(r.return_logprob for r in reqs),
             top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
             **(beams or {}),

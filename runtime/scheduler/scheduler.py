@@ -58,9 +58,13 @@ def _cache_hits(r: Req) -> dict[str, int]:
             "encoder_private": encoder_hits - r.encoder_public_hits}
 
 
-def _plain_greedy(r: Req, pending: int = 0) -> bool:
-    """The argmax alone decides this request's next token."""
-    return r.plain_greedy and len(r.output_ids) + pending >= r.sampling_params.min_new_tokens
+def _plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = ()) -> bool:
+    """The argmax alone decides this request's next token (not its last one where the model
+    forces an EOS there)."""
+    done = len(r.output_ids) + pending
+    sp = r.sampling_params
+    return (r.plain_greedy and done >= sp.min_new_tokens
+            and not (forced_eos and done + 1 >= sp.max_new_tokens))
 
 
 @dataclass
@@ -394,10 +398,12 @@ class Scheduler:
             else:
                 order = None
         sampling = None  # plain greedy for all: the argmax, nothing to build
-        if not all(_plain_greedy(r, pending) for r in reqs):
+        forced_eos = self.model_config.forced_eos_token_ids
+        if not all(_plain_greedy(r, pending, forced_eos) for r in reqs):
             beams = self._beam_layout(groups, mode, prev, order) if groups else None
             sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
-                                               self.device, pending=pending, beams=beams)
+                                               self.device, pending=pending, beams=beams,
+                                               forced_eos=forced_eos)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(reqs, self.memory, sampling)
         else:
