@@ -77,18 +77,21 @@ def sources(tok) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=CONFIGS)
 def model_path(request, tmp_path_factory) -> str:
-    name = request.param
-    path = Path(tmp_path_factory.mktemp("matrix")) / name
+    return write_config(request.param, Path(tmp_path_factory.mktemp("matrix")) / request.param)
+
+
+def write_config(name: str, path: Path) -> str:
+    """One of CONFIGS' checkpoints, written to `path`."""
     if name == "mt5_hf_saved":
         return str(write_hf_saved_mt5(path))
     return str(make_t5(path, **T5_CONFIGS[name]))
 
 
-def approx(score: float):
-    """1e-4, or 1e-5 of a large score (length_penalty < 0 multiplies the sum by the length's
-    root): float32 noise, HF's own beam scores and teacher-forced sums differ by up to 3e-6
-    of such a score (1.4e-4 at -47)."""
-    return pytest.approx(score, abs=1e-4, rel=1e-5)
+def approx(score: float, abs_tol: float):
+    """`abs_tol` (1e-4 on the CPU), or 1e-5 of a large score (length_penalty < 0 multiplies
+    the sum by the length's root): float32 noise, HF's own beam scores and teacher-forced
+    sums differ by up to 3e-6 of such a score (1.4e-4 at -47)."""
+    return pytest.approx(score, abs=abs_tol, rel=1e-5)
 
 
 def _hf(path: str, ids: list[int], k, ret, lp, es, ngram, extra, max_new, stops):
@@ -114,6 +117,12 @@ def _competing_stops(path: str, ids: list[int]) -> list[int]:
 
 
 def test_beam_matrix_matches_hf_and_scores_its_hypotheses(model_path):
+    check_matrix(model_path, abs_tol=1e-4)
+
+
+def check_matrix(model_path: str, abs_tol: float, **sched_kwargs) -> None:
+    """The matrix on one checkpoint (`sched_kwargs`: the device, backend, dtype); the GPU
+    check runs it on CUDA in float32."""
     tok = load_tokenizer(model_path)
     srcs = sources(tok)
     model = hf_model(model_path)
@@ -132,7 +141,7 @@ def test_beam_matrix_matches_hf_and_scores_its_hypotheses(model_path):
     results = []
     for overlap, page_size in ((True, 3), (False, 16)):
         sched = make_scheduler(model_path, page_size=page_size,
-                               disable_overlap_schedule=not overlap)
+                               disable_overlap_schedule=not overlap, **sched_kwargs)
         for rid, ids, stops, (k, ret, lp, es, ngram, extra, max_new, _) in plans:
             tr = request(rid, ids, num_beams=k, num_return_sequences=ret, length_penalty=lp,
                          early_stopping=es, no_repeat_ngram_size=ngram, max_new_tokens=max_new,
@@ -157,7 +166,7 @@ def test_beam_matrix_matches_hf_and_scores_its_hypotheses(model_path):
             got_tokens, got_score = results[0][r]
             assert got_tokens == tokens, f"{r} (hypothesis {i})"
             forced = teacher_forced_score(model, ids, [0], got_tokens, procs, lp)
-            assert got_score == approx(score), r
-            assert got_score == approx(forced), f"{r}: score of its tokens"
+            assert got_score == approx(score, abs_tol), r
+            assert got_score == approx(forced, abs_tol), f"{r}: score of its tokens"
             lengths.add(len(tokens))
     assert len(lengths) >= 3, f"hypotheses should end at different lengths: {lengths}"

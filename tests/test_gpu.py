@@ -231,6 +231,19 @@ def test_beam_search_matches_hf_with_graphs_in_float32_and_bfloat16(t5_checkpoin
     assert {r: v[0] for r, v in graphs.items()} == {r: v[0] for r, v in eager.items()}
 
 
+@pytest.mark.parametrize("name", ["mt5_hf_saved", "t5_gated_tied"])
+def test_beam_matrix_on_the_gpu_in_float32(tmp_path, name):
+    """tests/test_beam_matrix.py's matrix with the Triton backend and CUDA graphs: HF's
+    hypotheses, and scores equal to HF's teacher-forced log-probs (1e-3)."""
+    from pathlib import Path
+
+    from seq2serve.tests.test_beam_matrix import check_matrix, write_config
+
+    path = write_config(name, Path(tmp_path) / name)
+    check_matrix(path, abs_tol=1e-3, device="cuda", attention_backend="triton",
+                 dtype="float32")
+
+
 def test_beam_steps_ahead_of_the_host_on_the_gpu(t5_checkpoints):
     """Groups past their first step choose their beams and move their pages on the device,
     a step ahead of the host (the overlap schedule; no n-gram bans or penalties here, which
