@@ -90,7 +90,8 @@ def test_a_beam_search_is_one_request_per_prompt_with_k_result_rids(model_dir):
 
 def test_k_results_count_against_max_batch_inputs(model_dir):
     tm = tokenizer_manager(model_dir, max_batch_inputs=3)
-    with pytest.raises(ValueError, match="4 inputs .*max_batch_inputs"):
+    # rows: 2 prompts x 4 beams (the 2 results each ask no more than the beams)
+    with pytest.raises(ValueError, match="8 inputs .*max_batch_inputs"):
         tm.tokenize(GenerateReqInput(text=SOURCES[:2], sampling_params=BEAMS))
 
 
@@ -309,3 +310,11 @@ def test_translations_with_beams_equal_the_engine(server, engine, model_dir):
     greedy = engine.translate(texts, "English", "German", beam_size=1,
                               sampling_params={"max_new_tokens": 6, "temperature": 0})
     assert all("beam_score" not in x["meta_info"] for x in greedy)
+
+
+def test_images_are_capped_per_request_not_per_prompt(model_dir):
+    """Issue 39, item 9: 3 prompts x 2 images is 6 images in one request, over 4."""
+    tm = tokenizer_manager(model_dir, max_images=4)
+    tm.image_processor = object()  # a vision model; the cap is checked before any image
+    with pytest.raises(ValueError, match="6 images in one request.*max_images_per_request"):
+        tm._images([["a.png", "b.png"]] * 3)

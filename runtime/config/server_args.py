@@ -18,7 +18,8 @@ class RequestLimits:
     max_new_tokens: int | None = None
     max_n: int = 16
     max_images: int = 4
-    max_batch_inputs: int = 1024
+    max_batch_inputs: int = 1024  # rows: prompts x n x num_beams
+    max_stop_chars: int = 1024  # all stop strings' characters together
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class ServerArgs:
     max_prompt_tokens: int | None = None  # longest prompt / encoder input (unset: the model's)
     max_new_tokens_limit: int | None = None  # largest max_tokens accepted (unset: the context)
     max_n: int = 16  # largest n (samples per prompt)
-    max_batch_inputs: int = 1024  # most prompts times n in one request (a batch, translations)
+    max_batch_inputs: int = 1024  # most rows (prompts x n x num_beams) in one request
+    max_stop_chars: int = 1024  # most characters of a request's stop strings, all together
     # connections (HTTP server)
     max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
     header_timeout: float = 10.0  # seconds a client has to send a request's headers
@@ -101,7 +103,7 @@ class ServerArgs:
                      "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
-                     "max_n", "max_batch_inputs", "max_connections",
+                     "max_n", "max_batch_inputs", "max_stop_chars", "max_connections",
                      "timeout_keep_alive")
         for name in _positive:
             value = getattr(self, name)
@@ -169,7 +171,8 @@ class ServerArgs:
         return RequestLimits(max_prompt_tokens=self.max_prompt_tokens,
                              max_new_tokens=self.max_new_tokens_limit, max_n=self.max_n,
                              max_images=self.max_images_per_request,
-                             max_batch_inputs=self.max_batch_inputs)
+                             max_batch_inputs=self.max_batch_inputs,
+                             max_stop_chars=self.max_stop_chars)
 
     def resolved_device(self) -> str:
         import torch

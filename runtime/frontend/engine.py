@@ -5,6 +5,7 @@ it works from plain scripts, from async code and from notebooks alike."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -13,7 +14,11 @@ from typing import Any
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
-from seq2serve.runtime.frontend.generate_request import GenerateReqInput, results_per_prompt
+from seq2serve.runtime.frontend.generate_request import (
+    GenerateReqInput,
+    results_per_prompt,
+    split_rows,
+)
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
@@ -26,6 +31,10 @@ from seq2serve.runtime.frontend.translation import (
 logger = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.5
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine was shut down (before or while the call waited)."""
 
 
 class Seq2SeqEngine:
@@ -50,7 +59,8 @@ class Seq2SeqEngine:
             model_path = str(default_demo_path())
         self.args = ServerArgs.from_kwargs(model_path=str(model_path), **kwargs)
         self.translation_beams = default_num_beams(self.args.model_path)
-        self._closed = False
+        self._closed = self._closing = False
+        self._pending: set[concurrent.futures.Future] = set()  # calls waiting (_call)
         self.procs: RuntimeProcesses = launch_processes(self.args)
         try:
             tokenizer = load_tokenizer(self.args.tokenizer_path or self.args.model_path)
@@ -101,7 +111,9 @@ class Seq2SeqEngine:
                                logprob_start_len=logprob_start_len)
         if stream:
             return self._sync_iter(self.tokenizer_manager.generate(obj))
-        results = self._call(_collect(self.tokenizer_manager.generate(obj)))
+        # max_batch_inputs bounds an HTTP body; a Python list of any length goes in chunks
+        chunks = split_rows(obj, self.args.max_batch_inputs)
+        results = self._call(_collect_all(self.tokenizer_manager, chunks))
         return results if _returns_list(obj) else results[0]
 
     async def async_generate(self, prompt: str | list[str] | None = None,
@@ -122,7 +134,8 @@ class Seq2SeqEngine:
                                logprob_start_len=logprob_start_len)
         if stream:
             return self._async_iter(self.tokenizer_manager.generate(obj))
-        results = await self._acall(_collect(self.tokenizer_manager.generate(obj)))
+        chunks = split_rows(obj, self.args.max_batch_inputs)
+        results = await self._acall(_collect_all(self.tokenizer_manager, chunks))
         return results if _returns_list(obj) else results[0]
 
     def translate(self, text: str | list[str], source_lang: str = "English",
@@ -163,8 +176,9 @@ class Seq2SeqEngine:
     def tokenize(self, text: str | list[str], add_special_tokens: bool = True):
         """Token ids of a text (a list for a list) as generate would see it as a prompt, or,
         without special tokens, as a continuation of one (`POST /tokenize`)."""
-        ids = self.tokenizer_manager.tokenize_texts(text if isinstance(text, list) else [text],
-                                                    add_special_tokens)
+        texts, step = (text if isinstance(text, list) else [text]), self.args.max_batch_inputs
+        ids = [t for i in range(0, len(texts), step) for t in
+               self.tokenizer_manager.tokenize_texts(texts[i:i + step], add_special_tokens)]
         return ids if isinstance(text, list) else ids[0]
 
     def model_info(self) -> dict[str, Any]:
@@ -190,8 +204,13 @@ class Seq2SeqEngine:
         return self._call(self.tokenizer_manager.control("flush_cache")).ok
 
     def shutdown(self) -> None:
+        """Stop the engine; calls still waiting in other threads fail at once with
+        EngineShutdownError."""
         if self._closed:
             return
+        self._closing = True
+        for fut in list(self._pending):
+            fut.cancel()
         if hasattr(self, "_loop"):
             try:
                 asyncio.run_coroutine_threadsafe(self.tokenizer_manager.close(),
@@ -216,9 +235,28 @@ class Seq2SeqEngine:
 
     # --- plumbing between the caller and the engine's loop -----------------------------------
     def _call(self, coro):
+        """Run `coro` on the engine's loop and wait. If the wait is interrupted (Ctrl-C, any
+        BaseException), the call is cancelled, which aborts its requests, before the
+        exception goes on; `shutdown()` fails every waiting caller with EngineShutdownError."""
         if self._closed:
-            raise RuntimeError("the engine has been shut down")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+            coro.close()
+            raise EngineShutdownError("the engine has been shut down")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._pending.add(fut)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            if self._closing:
+                raise EngineShutdownError("the engine was shut down while this call "
+                                          "waited") from None
+            raise
+        except BaseException:
+            fut.cancel()  # cancels the task: the generator's cleanup aborts the requests
+            if not self._closing:  # wait until the loop has sent the aborts
+                asyncio.run_coroutine_threadsafe(_settle(), self._loop).result(timeout=10)
+            raise
+        finally:
+            self._pending.discard(fut)
 
     async def _acall(self, coro):
         if self._closed:
@@ -259,6 +297,23 @@ class Seq2SeqEngine:
 
 async def _collect(agen: AsyncIterator) -> list:
     return [item async for item in agen]
+
+
+async def _collect_all(tm: TokenizerManager, objs: list[GenerateReqInput]) -> list:
+    """Every chunk's results, in order; one failing chunk cancels (aborts) the others."""
+    tasks = [asyncio.ensure_future(_collect(tm.generate(o))) for o in objs]
+    try:
+        return [r for chunk in await asyncio.gather(*tasks) for r in chunk]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _settle() -> None:
+    """A few loop iterations: cancelled calls run their cleanup (their aborts are sent)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
 
 
 def _returns_list(obj: GenerateReqInput) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,12 +91,49 @@ class GenerateReqInput:
         return is_batch, items
 
 
+def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
+    """`obj` as consecutive batches of at most `max_rows` rows each (a prompt's rows never
+    split; one prompt over the limit stays alone, to be refused), whose results in order are
+    `obj`'s. A single prompt, or a batch within the limit, is returned as it is."""
+    prompts = obj.text if obj.text is not None else obj.input_ids
+    is_batch = isinstance(prompts, list) and bool(prompts) and (
+        obj.text is not None or isinstance(prompts[0], list))
+    if not is_batch:
+        return [obj]
+    n = len(prompts)
+    fields = {k: _per_prompt(k, getattr(obj, k), n, True) for k in
+              ("decoder_input_ids", "sampling_params", "rid", "image_data")
+              if getattr(obj, k) is not None}
+    rows = [rows_per_prompt(sp) for sp in fields.get("sampling_params", [None] * n)]
+    if sum(rows) <= max_rows:
+        return [obj]
+    chunks, start, count = [], 0, 0
+    for i, r in enumerate(rows + [max_rows + 1]):  # a sentinel closes the last chunk
+        if count and (count + r > max_rows or i == n):
+            part = slice(start, i)
+            chunks.append(dataclasses.replace(
+                obj, **{"text" if obj.text is not None else "input_ids": prompts[part]},
+                **{k: v[part] for k, v in fields.items()}))
+            start, count = i, 0
+        count += r
+    return chunks
+
+
 def results_per_prompt(sampling_params: Any) -> int:
     """How many results one prompt's sampling params ask for: n samples, or a beam search's
     num_return_sequences (the two do not combine). Unchecked values count as 1."""
     if not isinstance(sampling_params, dict):
         return 1
     counts = [sampling_params.get(k) for k in ("n", "num_return_sequences")]
+    return max([c for c in counts if _is_int(c)] + [1])
+
+
+def rows_per_prompt(sampling_params: Any) -> int:
+    """How many decoding rows one prompt's sampling params cost: n samples, or a beam
+    search's num_beams beams (what max_batch_inputs caps). Unchecked values count as 1."""
+    if not isinstance(sampling_params, dict):
+        return 1
+    counts = [sampling_params.get(k) for k in ("n", "num_beams", "num_return_sequences")]
     return max([c for c in counts if _is_int(c)] + [1])
 
 

@@ -10,6 +10,7 @@ open streams end with an error event for a second, then the process exits non-ze
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.body_limit import BodySizeLimit
+from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_loop_route
 from seq2serve.runtime.frontend.http_drain import DrainingServer
 from seq2serve.runtime.frontend.http_middleware import AuthAndCount
 from seq2serve.runtime.frontend.http_protocol import header_deadline_protocol
@@ -64,6 +66,9 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
     serving = OpenAIServing(tm, model_name, args.model_path)
+    # large bodies are validated in these processes, forked now (before ZMQ and the loop)
+    parser = BodyParser(BodySizes(max_entries=args.max_batch_inputs,
+                                  max_ids=tm.prompt_token_limit()[0]))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -71,9 +76,11 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
         watcher = asyncio.create_task(_watch(procs, tm, on_child_death))
         yield
         watcher.cancel()
+        parser.close()
         await tm.close()
 
     app = FastAPI(title="seq2serve", lifespan=lifespan)
+    app.router.route_class = off_loop_route(parser)
     app.state.tm, app.state.metrics, app.state.serving = tm, metrics, serving
 
     app.add_middleware(AuthAndCount, api_key=args.api_key, metrics=metrics, router=app.router)
@@ -133,10 +140,16 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     async def tokenize(body: TokenizeRequest):
         serving.check_model(body.model)
         texts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
-        ids = tm.tokenize_texts(texts, body.add_special_tokens)
-        if isinstance(body.prompt, list):
-            return {"tokens": ids, "count": [len(t) for t in ids]}
-        return {"tokens": ids[0], "count": len(ids[0])}
+
+        def run() -> bytes:  # tokenizing and encoding the ids: CPU work, off the event loop
+            ids = tm.tokenize_texts(texts, body.add_special_tokens)
+            if isinstance(body.prompt, list):
+                return json.dumps({"tokens": ids, "count": [len(t) for t in ids]}).encode()
+            return json.dumps({"tokens": ids[0], "count": len(ids[0])}).encode()
+
+        # 300,000 prompts held /health for 21.5 s when tokenized on the loop
+        return Response(await asyncio.get_running_loop().run_in_executor(None, run),
+                        media_type="application/json")
 
     @app.get("/get_model_info")
     async def get_model_info():

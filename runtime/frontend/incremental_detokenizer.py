@@ -8,6 +8,8 @@ matched string that the request's last token completed."""
 
 from __future__ import annotations
 
+from seq2serve.runtime.frontend.stop_matcher import StopMatcher
+
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
 
 
@@ -22,6 +24,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = stop or []
+        self.matcher = StopMatcher(self.stop) if self.stop else None
         self.ids: list[int] = []
         self.text = ""  # every complete character decoded so far
         self.sent = 0  # characters of `text` already handed out
@@ -58,9 +61,14 @@ class IncrementalDetokenizer:
             return  # a multi-byte character is not complete yet
         before = self._decode(self.ids[self.prefix_offset:self.read_offset])
         if window.startswith(before):
-            self.text += window[len(before):]
+            new = window[len(before):]
+            self.text += new
+            if self.matcher is not None:
+                self.matcher.feed(new)
         else:  # the tokenizer normalized across the boundary: resynchronize
             self.text = self._decode(self.ids)
+            if self.matcher is not None:
+                self.matcher.reset(self.text)
         # Start the next window at the new tokens only if they show a visible character on
         # their own: a window that starts with a bare space piece would have it stripped.
         if self._decode(self.ids[self.read_offset:]).strip():
@@ -68,11 +76,6 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
 
     def _safe_end(self) -> int:
-        """Hold back a tail that could still grow into a stop string."""
-        held = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:k]):
-                    held = max(held, k)
-                    break
-        return len(self.text) - held
+        """Hold back a tail that could still grow into a stop string (the matcher has seen
+        every character once: the cost per token does not grow with the stop strings)."""
+        return len(self.text) - (self.matcher.held if self.matcher is not None else 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -106,6 +106,17 @@ class GenerateRequest(_Body):
 
 
 class TranslationRequest(_Body):
+    """No field is silently ignored: an unknown one is a 400 naming it, and the sampling
+    fields a translation cannot honour (several results per input, log-probs) are refused
+    by name (`REFUSED`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    REFUSED: ClassVar[dict[str, str]] = {
+        "n": "one translation per input; send the input again for another",
+        "num_return_sequences": "one translation per input (the beam search's best)",
+        "logprobs": "translations do not return log-probs; use /generate",
+        "best_of": "one translation per input",
+    }
     model: str | None = None
     input: str | list[str]
     source_lang: Language
@@ -120,6 +131,15 @@ class TranslationRequest(_Body):
     num_beams: int | None = None
     length_penalty: float | None = None
     no_repeat_ngram_size: int | None = None
+    # sampling, honoured as on the other endpoints
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=0)
+    stop: Stop = None
+    # refused by name (see REFUSED)
+    n: int | None = None
+    num_return_sequences: int | None = None
+    logprobs: Any = None
+    best_of: int | None = None
 
 
 class TokenizeRequest(_Body):

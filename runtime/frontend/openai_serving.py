@@ -258,7 +258,8 @@ class OpenAIServing:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         for m in messages:
             m.setdefault("content", "")
-        prompt = chat_prompt(self.tm.tokenizer, messages)
+        prompt = await asyncio.get_running_loop().run_in_executor(
+            None, chat_prompt, self.tm.tokenizer, messages)  # a template, maybe tokenizing
         max_tokens = body.max_completion_tokens or body.max_tokens
         obj = GenerateReqInput(text=prompt.get("text"), input_ids=prompt.get("input_ids"),
                                image_data=prompt.get("image_data") or None,
@@ -362,8 +363,14 @@ class OpenAIServing:
         for i, t in enumerate(texts):
             if not t:
                 raise RequestError(f"input[{i}] is empty", param="input")
+        for name, why in body.REFUSED.items():
+            value = getattr(body, name)
+            if value is not None and value is not False and (name == "logprobs" or value != 1):
+                raise RequestError(f"{name} is not supported by /v1/translations: {why}",
+                                   param=name)
         sp = {k: v for k, v in (("max_new_tokens", body.max_tokens),
                                 ("temperature", body.temperature),
+                                ("top_p", body.top_p), ("seed", body.seed), ("stop", body.stop),
                                 ("num_beams", body.num_beams),
                                 ("length_penalty", body.length_penalty),
                                 ("no_repeat_ngram_size", body.no_repeat_ngram_size))
@@ -371,8 +378,11 @@ class OpenAIServing:
         sp.setdefault("temperature", 0.0)  # translation wants the most likely output
         sp = with_beams(sp, body.beam_size, self.translation_beams, body.stream)
         try:
-            obj = translation_input(self.tm, self.model_path, texts, body.source_lang,
-                                    body.target_lang, sp, body.stream, body.user)
+            # tokenizes each input: off the event loop
+            obj = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: translation_input(self.tm, self.model_path, texts,
+                                                body.source_lang, body.target_lang, sp,
+                                                body.stream, body.user))
         except ValueError as e:
             param = "source_lang" if str(e).startswith("source_lang") else \
                 "input" if str(e).startswith("input") else "target_lang"

@@ -27,7 +27,7 @@ from seq2serve.runtime.config.server_args import RequestLimits
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     invalid_text,
-    results_per_prompt,
+    rows_per_prompt,
 )
 from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.runtime.frontend.prompts import role_markers
@@ -127,11 +127,11 @@ class TokenizerManager:
         """Validate and tokenize; one TokenizedRequest per prompt and sample (n). A beam search
         is one TokenizedRequest per prompt, whose `beam_rids` name its k results (k > 1)."""
         is_batch, items = obj.normalize()
-        inputs = sum(results_per_prompt(item["sampling_params"]) for item in items)
-        if inputs > self.limits.max_batch_inputs:
-            raise ValueError(f"{inputs} inputs (prompts times n or num_return_sequences) in one "
-                             f"request, over this server's limit of "
-                             f"{self.limits.max_batch_inputs} (max_batch_inputs)")
+        rows = sum(rows_per_prompt(item["sampling_params"]) for item in items)
+        if rows > self.limits.max_batch_inputs:
+            raise ValueError(f"{rows} inputs (rows: prompts x n x num_beams) in one request, "
+                             f"over this server's limit of {self.limits.max_batch_inputs} "
+                             f"(max_batch_inputs)")
         per_item = self._images([item["image_data"] for item in items])
         reqs = []
         group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
@@ -183,12 +183,13 @@ class TokenizerManager:
         placement included), or, without special tokens, as a continuation of one."""
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise ValueError("texts must be a list of strings")
+        if len(texts) > self.limits.max_batch_inputs:
+            raise ValueError(f"{len(texts)} texts in one request, over this server's limit of "
+                             f"{self.limits.max_batch_inputs} (max_batch_inputs)")
+        for t in texts:  # each as long as a prompt may be, before any tokenizing
+            self.check_text(t)
         if add_special_tokens:
             return [self._prompt_ids(t) for t in texts]
-        for t in texts:
-            problem = invalid_text(t, "text")
-            if problem:
-                raise ValueError(problem)
         return [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
 
     def model_info(self) -> dict[str, Any]:
@@ -212,10 +213,10 @@ class TokenizerManager:
             return [[] for _ in per_prompt]
         if self.image_processor is None:
             raise ValueError("this model takes no images (image_data was given)")
-        for sources in per_prompt:
-            if len(sources) > self.limits.max_images:
-                raise ValueError(f"{len(sources)} images in one request, over the limit of "
-                                 f"{self.limits.max_images} (max_images_per_request)")
+        count = sum(map(len, per_prompt))  # per request, all prompts together
+        if count > self.limits.max_images:
+            raise ValueError(f"{count} images in one request, over the limit of "
+                             f"{self.limits.max_images} (max_images_per_request)")
 
         def one(i_src):
             i, src = i_src
@@ -240,7 +241,7 @@ class TokenizerManager:
         problem = invalid_text(text, name)
         if problem:
             raise ValueError(problem)
-        limit, limit_name = self._prompt_token_limit()
+        limit, limit_name = self.prompt_token_limit()
         if len(text) > limit * self.max_token_chars:
             raise ValueError(f"the prompt is {len(text)} characters, more than {limit} tokens "
                              f"of at most {self.max_token_chars} characters can hold "
@@ -261,7 +262,7 @@ class TokenizerManager:
             text = image * leading + bos + text
         return self.tokenizer(text).input_ids
 
-    def _prompt_token_limit(self) -> tuple[int, str]:
+    def prompt_token_limit(self) -> tuple[int, str]:
         if self.limits.max_prompt_tokens is not None:
             return self.limits.max_prompt_tokens, "max_prompt_tokens"
         if self.is_encoder_decoder:
@@ -296,6 +297,10 @@ class TokenizerManager:
                              f"server's limit of {lim.max_new_tokens} (max_new_tokens_limit)")
         if sp.n > lim.max_n:
             raise ValueError(f"n {sp.n} is over this server's limit of {lim.max_n} (max_n)")
+        chars = sum(map(len, sp.stop))
+        if chars > lim.max_stop_chars:
+            raise ValueError(f"the stop strings have {chars} characters in all, over this "
+                             f"server's limit of {lim.max_stop_chars} (max_stop_chars)")
 
     def _check_lengths(self, enc: list[int], dec: list[int], sp: SamplingParams,
                        image_tokens: int = 0) -> None:
