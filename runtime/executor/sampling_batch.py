@@ -52,6 +52,10 @@ class SamplingBatch:
     beam_buckets: tuple[tuple[int, int, int], ...] = ()  # (groups, rows per group, keep)
     # groups past their first step: the device chooses their beams and moves their pages
     beam_moves: BeamMoves | None = None
+    # top-k / top-p / min-p: the rows with a rule ([B] bool; None if no sampled row has one),
+    # and, when every such row has a top_k, the largest (the filter's width, on the host)
+    filtered: torch.Tensor | None = None
+    filter_width: int | None = None
 
     @classmethod
     def beam_layout(cls, scores: list[float] | torch.Tensor, buckets: list[tuple[int, int, int]],
@@ -79,6 +83,9 @@ class SamplingBatch:
         top_ps = [sp.top_p for sp in sps]
         min_ps = [sp.min_p for sp in sps]
         sampled = [not g for g in greedy]
+        filtered = [s and (k < vocab_size or p < 1.0 or m > 0.0)
+                    for s, k, p, m in zip(sampled, top_ks, top_ps, min_ps)]
+        widths = [k for f, k in zip(filtered, top_ks) if f]
         seeded = any(sp.seed is not None for sp, s in zip(sps, sampled) if s)
         penalized = any(sp.has_penalties for sp in sps)
 
@@ -107,6 +114,9 @@ class SamplingBatch:
             top_ks=torch.tensor(top_ks).to(device) if any(k < vocab_size for k in top_ks) else None,
             top_ps=col(top_ps) if any(p < 1.0 for p in top_ps) else None,
             min_ps=col(min_ps) if any(p > 0.0 for p in min_ps) else None,
+            filtered=torch.tensor(filtered).to(device, non_blocking=True)
+            if any(filtered) else None,
+            filter_width=max(widths) if widths and max(widths) < vocab_size else None,
             seeds=torch.tensor([-1 if sp.seed is None else sp.seed for sp in sps],
                                dtype=torch.int64).to(device) if seeded else None,
             steps=torch.tensor([len(r.output_ids) + pending for r in reqs],
