@@ -1,9 +1,12 @@
 """`seq2serve bench sampling`: does a sampled step scale with the batch? One request alone,
 then N together, sampled (seeded or not) and greedy, on a tiny random Llama with the real
-128k vocabulary (or --model-path), through the engine's processes."""
+128k vocabulary (or --model-path), through the engine's processes. Besides the wall time, the
+scheduler process's CPU seconds (Linux): on a shared host the wall time also counts the
+waits for a core, the CPU time only the work."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 
@@ -30,14 +33,26 @@ def _params(args, i: int, greedy: bool) -> dict:
     return sp if args.unseeded else sp | {"seed": 1000 + i}
 
 
-def _timed(engine, args, n: int, greedy: bool) -> float:
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(engine, args, n: int, greedy: bool) -> tuple[float, float]:
+    """Wall seconds and the scheduler's CPU seconds of n requests submitted together."""
     ids = [[128000, 9906, 1917 + i] for i in range(n)]
-    start = time.perf_counter()
+    pid = engine.procs.scheduler.pid
+    cpu, start = _cpu_seconds(pid), time.perf_counter()
     outs = engine.generate(input_ids=ids, sampling_params=[_params(args, i, greedy)
                                                            for i in range(n)])
     seconds = time.perf_counter() - start
     assert all(o["meta_info"]["completion_tokens"] == args.output_len for o in outs)
-    return seconds
+    return seconds, _cpu_seconds(pid) - cpu
 
 
 def _sampling(args) -> dict:
@@ -54,11 +69,14 @@ def _sampling(args) -> dict:
                        max_running_requests=max(n, 1), disable_radix_cache=True) as engine:
         _timed(engine, args, 2, greedy=False)  # warm-up
         for name, greedy in (("greedy", True), ("sampled", False)):
-            one, many = _timed(engine, args, 1, greedy), _timed(engine, args, n, greedy)
-            res[name] = {"one_s": one, f"{n}_together_s": many, "ratio": many / one}
-            print(f"{name:8s}: 1 request {one:6.2f} s, {n} together {many:6.2f} s "
-                  f"({many / one:.2f}x)", flush=True)
-    res["sampled_over_greedy_together"] = (res["sampled"][f"{n}_together_s"]
-                                           / res["greedy"][f"{n}_together_s"])
+            (one, one_cpu), (many, many_cpu) = (_timed(engine, args, 1, greedy),
+                                                _timed(engine, args, n, greedy))
+            res[name] = {"one_s": one, "together_s": many, "ratio": many / one,
+                         "one_cpu_s": one_cpu, "together_cpu_s": many_cpu,
+                         "cpu_ratio": many_cpu / max(one_cpu, 1e-9)}
+            print(f"{name:8s}: 1 request {one:6.2f} s ({one_cpu:6.2f} s scheduler CPU), "
+                  f"{n} together {many:6.2f} s ({many_cpu:6.2f} s CPU): {many / one:.2f}x "
+                  f"({res[name]['cpu_ratio']:.2f}x CPU)", flush=True)
+    res["sampled_over_greedy_together"] = res["sampled"]["together_s"] / res["greedy"]["together_s"]
     print(f"sampled / greedy, {n} together: {res['sampled_over_greedy_together']:.2f}x")
     return res

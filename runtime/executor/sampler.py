@@ -11,7 +11,7 @@ import torch
 
 from seq2serve.runtime.executor.beam_step import choose_beams
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
-from seq2serve.runtime.executor.seeded_race import race, random_keys, row_keys
+from seq2serve.runtime.executor.seeded_race import race
 from seq2serve.runtime.executor.token_filter import filter_probs
 
 
@@ -152,10 +152,13 @@ class Sampler:
         probs = torch.softmax(logits / sb.temperatures, dim=-1)
         if sb.filtered is not None:
             probs = filter_probs(probs, sb)
-        keys = random_keys(probs.shape[0], probs.device)
-        if sb.seeds is not None:
-            keys = torch.where(sb.seeds >= 0, row_keys(sb.seeds, sb.steps), keys)
-        return torch.where(sb.greedy, argmax, race(probs, keys))
+        if probs.is_cuda and not sb.seeded:
+            # a GPU's one pass over [rows, vocab] costs less than the race's ~25 small kernels
+            # (H100: 0.10-0.61 ms against 0.41-0.84 ms at 1-256 rows); no seed to reproduce
+            sampled = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+        else:
+            sampled = race(probs, sb.keys)
+        return torch.where(sb.greedy, argmax, sampled)
 
 
 def _beam_candidates(logprobs: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor,

@@ -6,8 +6,9 @@ rows of a tiny Llama: 200 ms of a 280 ms step on a CPU, superlinear in the rows 
 temporaries left the cache). Here the race runs twice: over the vocabulary's blocks of K
 tokens (weights: the blocks' sums), then inside the winning block. P(block) * P(token |
 block) = w_i / sum(w): the same distribution, with ~2 sqrt(vocab) noise values per row instead
-of vocab. The noise of stage s, index i is a pure function of (row key, s, i), and a row's key
-of its (seed, step): a seeded request draws the same tokens in any batch.
+of vocab. The noise of index i is a pure function of (row key, i), and a row's key
+of its (seed, step) (row_key, on the host): a seeded request draws the same tokens in any
+batch. Unseeded rows get random keys from torch's generator (`--random-seed`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import math
 import torch
 
 _M32 = 0xFFFFFFFF
-_STAGE_SALT = (0x68E31DA4, 0xB5297A4D)  # blocks, tokens inside a block
+_INDEX_HASH: dict[tuple[int, str], torch.Tensor] = {}  # (n, device) -> each index's hash
 
 
-def _mix32(h: torch.Tensor) -> torch.Tensor:
-    """murmur3's 32-bit finalizer on int64 tensors holding unsigned 32-bit values."""
+def _mix32(h):
+    """murmur3's 32-bit finalizer, on Python ints or int64 tensors holding 32-bit values."""
     h = h ^ (h >> 16)
     h = (h * 0x85EBCA6B) & _M32
     h = h ^ (h >> 13)
@@ -29,22 +30,20 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """[B] 32-bit keys, each a pure function of its row's (seed, step)."""
-    base = _mix32(_mix32(seeds & _M32) ^ ((seeds >> 32) & _M32))
-    return _mix32(base ^ ((steps * 0x9E3779B9) & _M32))
+def row_key(seed: int, step: int) -> int:
+    """A row's 32-bit key, a pure function of its (seed, step); computed on the host (the
+    scheduler knows both), so the device spends no kernels on it."""
+    base = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
+    return _mix32(base ^ ((step * 0x9E3779B9) & _M32))
 
 
-def random_keys(rows: int, device: torch.device | str) -> torch.Tensor:
-    """Keys for unseeded rows, from torch's generator (`--random-seed` makes a run repeat)."""
-    return torch.randint(0, 1 << 32, (rows,), dtype=torch.int64, device=device)
-
-
-def exponential_noise(keys: torch.Tensor, stage: int, n: int) -> torch.Tensor:
-    """Exp(1) noise [B, n]: entry (b, i) a pure function of (keys[b], stage, i)."""
-    salted = _mix32(keys ^ _STAGE_SALT[stage])
-    index = torch.arange(n, device=keys.device, dtype=torch.int64)
-    h = _mix32(_mix32((index[None, :] * 0x27D4EB2F) & _M32) ^ salted[:, None])
+def exponential_noise(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """Exp(1) noise [B, n]: entry (b, i) a pure function of (keys[b], i)."""
+    index = _INDEX_HASH.get((n, str(keys.device)))
+    if index is None:
+        i = torch.arange(n, device=keys.device, dtype=torch.int64)
+        index = _INDEX_HASH[(n, str(keys.device))] = _mix32((i * 0x27D4EB2F) & _M32)
+    h = _mix32(index[None, :] ^ keys[:, None])
     u = ((h >> 9).float() + 0.5) / float(1 << 23)  # in (0, 1), exactly representable
     return -torch.log(u)
 
@@ -57,14 +56,16 @@ def block_size(vocab: int) -> int:
 
 def race(weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """A token per row drawn with probability proportional to `weights` [B, vocab] (>= 0, a
-    positive entry in every row), the noise from `keys` [B]."""
+    positive entry in every row), the noise from `keys` [B]: indices [0, blocks) race the
+    blocks, the next k the tokens inside the winner."""
     rows, vocab = weights.shape
     k = block_size(vocab)
     full = vocab // k
     sums = weights[:, :full * k].reshape(rows, full, k).sum(-1)
     if full * k < vocab:  # the last, shorter block
         sums = torch.cat([sums, weights[:, full * k:].sum(-1, keepdim=True)], dim=1)
-    block = (sums / exponential_noise(keys, 0, sums.shape[1])).argmax(dim=-1)
+    noise = exponential_noise(keys, sums.shape[1] + k)
+    block = (sums / noise[:, :sums.shape[1]]).argmax(dim=-1)
     cols = block[:, None] * k + torch.arange(k, device=weights.device)
     inside = weights.gather(1, cols.clamp(max=vocab - 1)).masked_fill(cols >= vocab, 0.0)
-    return block * k + (inside / exponential_noise(keys, 1, k)).argmax(dim=-1)
+    return block * k + (inside / noise[:, sums.shape[1]:]).argmax(dim=-1)
