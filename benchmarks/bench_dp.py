@@ -18,7 +18,6 @@ the shared 2-core CI host one replica gave 43 tok/s, and 697 with OMP_NUM_THREAD
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from seq2serve.runtime.bench.serving import run_load
+from seq2serve.runtime.bench.serving import measure
 
 
 def _free_port() -> int:
@@ -108,9 +107,9 @@ def main() -> None:
         proc, url = _serve(model, dp, extra, log)
         try:
             # warm-up (compilation, CUDA graphs on every replica), then the measured load
-            asyncio.run(run_load(url, 4 * dp, args.input_len, 8, 4 * dp, None))
-            load = asyncio.run(run_load(url, args.num_requests, args.input_len,
-                                        args.output_len, args.concurrency, None))
+            measure(url, 4 * dp, args.input_len, 8, 4 * dp, None)
+            load = measure(url, args.num_requests, args.input_len, args.output_len,
+                           args.concurrency, None)
             repeats = _repeats(url, 16, args.input_len)
             stats = httpx.get(url + "/debug/stats", timeout=60).json()
         finally:

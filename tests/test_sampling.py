@@ -72,7 +72,7 @@ def _support(probs: torch.Tensor) -> set[int]:
 def test_top_k_top_p_min_p_keep_what_hf_keeps(trial):
     from transformers import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from seq2serve.runtime.executor.sampler import _filter
+    from seq2serve.runtime.executor.token_filter import filter_probs as _filter
 
     g = torch.Generator().manual_seed(trial)
     logits = torch.randn(1, VOCAB, generator=g) * 3

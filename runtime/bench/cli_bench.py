@@ -15,11 +15,13 @@ from seq2serve.runtime.bench.workload import Workload, make_requests
 def add_bench_parser(sub) -> None:
     from seq2serve.runtime.bench.plot import add_plot_parser
     from seq2serve.runtime.bench.quality import add_quality_parser
+    from seq2serve.runtime.bench.sampling import add_sampling_parser
     from seq2serve.runtime.bench.serving import add_serving_parser
 
     add_serving_parser(sub)
     add_plot_parser(sub)
     add_quality_parser(sub)
+    add_sampling_parser(sub)
     for name, fn, doc in (("offline", _offline, "throughput of many requests"),
                           ("one-batch", _one_batch, "latency of one batch")):
         p = sub.add_parser(name, help=doc)

@@ -29,7 +29,7 @@ class ServerArgs:
     load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
     device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
     tp_size: int = 1  # tensor-parallel ranks: a process and a GPU each (CPU: processes, gloo)
-    dtype: str = "auto"  # float32, bfloat16, float16, auto (CUDA: the checkpoint's; CPU: float32)
+    dtype: str = "auto"  # float32, bfloat16, float16, auto (CPU: float32; GPU: bfloat16 if it can, no float16 for T5)
     quantization: str | None = None  # int8 (weight-only; CPU, GPU) or fp8 (E4M3; sm_89+ GPUs)
     quantize_lm_head: bool = False  # with quantization: the LM head too (else the model dtype)
     int8_activations: bool = False  # CPU, int8: activations too, per token (as CTranslate2)

@@ -15,6 +15,7 @@ from seq2serve.models.loader import load_model
 from seq2serve.runtime.attention import create_backend
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.config.serving_dtype import serving_dtype
 from seq2serve.runtime.executor.beam_step import move_pages
 from seq2serve.runtime.executor.sampler import Sampler, StepOutput
 from seq2serve.runtime.executor.worker_batch import (
@@ -38,11 +39,14 @@ _SCORED_ROWS_AT_ONCE = 1024
 
 
 def resolve_dtype(args: ServerArgs, model_config: ModelConfig, device: str) -> torch.dtype:
-    if args.dtype != "auto":
-        return _DTYPES[args.dtype]
-    if device == "cpu":
-        return torch.float32
-    return _DTYPES[model_config.checkpoint_dtype]
+    """`--dtype`, or auto's choice (config/serving_dtype.py), logged when it is not the
+    checkpoint's."""
+    cuda = device.startswith("cuda")
+    chosen = serving_dtype(args.dtype, model_config.checkpoint_dtype, model_config.architecture,
+                           device, cuda and args.dtype == "auto" and torch.cuda.is_bf16_supported())
+    if chosen.note:
+        logger.warning(chosen.note)
+    return _DTYPES[chosen.name]
 
 
 class ModelRunner:

@@ -1,6 +1,7 @@
-"""Turns logits into next tokens: penalties, temperature, top-k / top-p / min-p, and sampling
-that is reproducible per request when seeded (the noise depends on the seed and the token's
-index only, never on the batch the request happens to share)."""
+"""Turns logits into next tokens: penalties, temperature, top-k / top-p / min-p
+(token_filter.py), and sampling that is reproducible per request when seeded (seeded_race.py:
+the noise depends on the seed, the step and the token's index only, never on the batch the
+request happens to share)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 from seq2serve.runtime.executor.beam_step import choose_beams
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
-
-_M32 = 0xFFFFFFFF
+from seq2serve.runtime.executor.seeded_race import race
+from seq2serve.runtime.executor.token_filter import filter_probs
 
 
 @dataclass
@@ -152,15 +153,14 @@ class Sampler:
         if sb.all_greedy:
             return argmax
         probs = torch.softmax(logits / sb.temperatures, dim=-1)
-        if sb.top_ks is not None or sb.top_ps is not None or sb.min_ps is not None:
-            probs = _filter(probs, sb)
-        # exponential race: argmax(p / E) with E ~ Exp(1) samples from p
-        noise = torch.empty_like(probs).exponential_()
-        if sb.seeds is not None:
-            seeded = sb.seeds >= 0
-            noise = torch.where(seeded[:, None], _seeded_exponential(sb.seeds, sb.steps,
-                                                                      probs.shape[-1]), noise)
-        sampled = (probs / noise).argmax(dim=-1)
+        if sb.filtered is not None:
+            probs = filter_probs(probs, sb)
+        if probs.is_cuda and not sb.seeded:
+            # a GPU's one pass over [rows, vocab] costs less than the race's ~25 small kernels
+            # (H100: 0.10-0.61 ms against 0.41-0.84 ms at 1-256 rows); no seed to reproduce
+            sampled = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+        else:
+            sampled = race(probs, sb.keys)
         return torch.where(sb.greedy, argmax, sampled)
 
 
@@ -179,22 +179,6 @@ def _beam_candidates(logprobs: torch.Tensor, sb: SamplingBatch) -> tuple[torch.T
     return torch.cat(values), torch.cat(ids)
 
 
-def _filter(probs: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    keep = torch.ones_like(sorted_p, dtype=torch.bool)
-    if sb.top_ks is not None:
-        ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-        keep &= ranks < sb.top_ks[:, None]
-    if sb.top_ps is not None:
-        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
-        keep &= before < sb.top_ps
-    if sb.min_ps is not None:
-        keep &= sorted_p >= sb.min_ps * sorted_p[:, :1]
-    keep[:, 0] = True  # the most likely token always survives
-    sorted_p = sorted_p.masked_fill(~keep, 0.0)
-    return torch.zeros_like(probs).scatter_(1, order, sorted_p)
-
-
 def _apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     batch, vocab = logits.shape
 
@@ -208,22 +192,3 @@ def _apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     logits = torch.where(seen, penalized, logits)
     counts = counts_of(sb.output_counts_ids)
     return logits - sb.frequency * counts - sb.presence * (counts > 0).float()
-
-
-def _mix32(h: torch.Tensor) -> torch.Tensor:
-    """murmur3's 32-bit finalizer on int64 tensors holding unsigned 32-bit values."""
-    h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & _M32
-    h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & _M32
-    return h ^ (h >> 16)
-
-
-def _seeded_exponential(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [B, vocab] that is a pure function of (seed, step, token id)."""
-    base = _mix32(_mix32(seeds & _M32) ^ ((seeds >> 32) & _M32))
-    base = _mix32(base ^ ((steps * 0x9E3779B9) & _M32))
-    tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    h = _mix32(_mix32((tokens[None, :] * 0x27D4EB2F) & _M32) ^ base[:, None])
-    u = ((h >> 9).float() + 0.5) / float(1 << 23)  # in (0, 1), exactly representable
-    return -torch.log(u)

@@ -9,6 +9,7 @@ import torch
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.executor.beam_step import BeamMoves
+from seq2serve.runtime.executor.seeded_race import row_key
 
 
 class SamplingRow(Protocol):
@@ -29,8 +30,9 @@ class SamplingBatch:
     top_ks: torch.Tensor | None  # [B] int64, vocab size where disabled; None if no row uses it
     top_ps: torch.Tensor | None  # [B, 1] float32
     min_ps: torch.Tensor | None  # [B, 1] float32
-    seeds: torch.Tensor | None  # [B] int64, -1 where unseeded; None if no row is seeded
-    steps: torch.Tensor | None  # [B] int64, tokens generated so far (the seeded stream's index)
+    # [B] int64 noise keys (seeded_race.py): from (seed, tokens generated so far) where seeded,
+    # else random; None when every row is greedy
+    keys: torch.Tensor | None
     # penalties
     penalty_ids: torch.Tensor | None  # [B, L] int64 token ids seen, padded with vocab_size
     output_counts_ids: torch.Tensor | None  # [B, L2] generated ids only, padded with vocab_size
@@ -56,6 +58,11 @@ class SamplingBatch:
     beam_buckets: tuple[tuple[int, int, int], ...] = ()  # (groups, rows per group, keep)
     # groups past their first step: the device chooses their beams and moves their pages
     beam_moves: BeamMoves | None = None
+    # top-k / top-p / min-p: the rows with a rule ([B] bool; None if no sampled row has one),
+    # and, when every such row has a top_k, the largest (the filter's width, on the host)
+    filtered: torch.Tensor | None = None
+    filter_width: int | None = None
+    seeded: bool = False  # a sampled row has a seed (its draws must be the keys')
 
     @classmethod
     def beam_layout(cls, scores: list[float] | torch.Tensor, buckets: list[tuple[int, int, int]],
@@ -85,6 +92,9 @@ class SamplingBatch:
         top_ps = [sp.top_p for sp in sps]
         min_ps = [sp.min_p for sp in sps]
         sampled = [not g for g in greedy]
+        filtered = [s and (k < vocab_size or p < 1.0 or m > 0.0)
+                    for s, k, p, m in zip(sampled, top_ks, top_ps, min_ps)]
+        widths = [k for f, k in zip(filtered, top_ks) if f]
         seeded = any(sp.seed is not None for sp, s in zip(sps, sampled) if s)
         penalized = any(sp.has_penalties for sp in sps)
 
@@ -116,10 +126,11 @@ class SamplingBatch:
             top_ks=torch.tensor(top_ks).to(device) if any(k < vocab_size for k in top_ks) else None,
             top_ps=col(top_ps) if any(p < 1.0 for p in top_ps) else None,
             min_ps=col(min_ps) if any(p > 0.0 for p in min_ps) else None,
-            seeds=torch.tensor([-1 if sp.seed is None else sp.seed for sp in sps],
-                               dtype=torch.int64).to(device) if seeded else None,
-            steps=torch.tensor([len(r.output_ids) + pending for r in reqs],
-                               dtype=torch.int64).to(device) if seeded else None,
+            filtered=torch.tensor(filtered).to(device, non_blocking=True)
+            if any(filtered) else None,
+            filter_width=max(widths) if widths and max(widths) < vocab_size else None,
+            seeded=seeded,
+            keys=None if all(greedy) else _keys(reqs, sps, pending, seeded, device),
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,
             output_counts_ids=padded([r.output_ids for r in reqs]) if penalized else None,
@@ -137,6 +148,15 @@ class SamplingBatch:
             top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
             **(beams or {}),
         )
+
+
+def _keys(reqs: list[SamplingRow], sps: list[SamplingParams], pending: int, seeded: bool,
+          device: str) -> torch.Tensor:
+    keys = torch.randint(0, 1 << 32, (len(reqs),), dtype=torch.int64)
+    if seeded:
+        keys = torch.tensor([k if sp.seed is None else row_key(sp.seed, len(r.output_ids) + pending)
+                             for k, sp, r in zip(keys.tolist(), sps, reqs)], dtype=torch.int64)
+    return keys.to(device, non_blocking=True)
 
 
 def banned_ngram_tokens(seq: list[int], n: int) -> list[int]:

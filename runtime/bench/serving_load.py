@@ -1,0 +1,136 @@
+"""One client's load against a server: the workload's prompts, its requests streamed at a
+fixed concurrency or as Poisson arrivals, each request's record (TTFT, inter-token gaps,
+end-to-end time, token counts), and bench_serving's figures over any set of records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+_WORDS = ["house", "river", "green", "table", "music", "light", "stone", "paper"]
+
+
+@dataclass
+class RequestRecord:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    tokens: int = 0  # output tokens: the server's usage count, else the streamed chunks
+    prompt_tokens: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One client's share of the load (picklable: it crosses to the worker processes)."""
+
+    base_url: str
+    prompts: tuple[str, ...]
+    output_len: int
+    concurrency: int | None  # None: Poisson arrivals at `rate`
+    rate: float | None
+    api_key: str | None = None
+    seed: int = 0
+    progress: bool = True
+
+    def body(self, prompt: str) -> dict:
+        return {"prompt": prompt, "max_tokens": self.output_len, "stream": True,
+                "temperature": 0, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+
+
+def make_prompts(num_requests: int, input_len: int, seed: int = 0) -> list[str]:
+    """`input_len` words per prompt, the same for a seed in every process."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(input_len)) for _ in range(num_requests)]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    v = sorted(values)
+    pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
+    return {"mean_ms": statistics.fmean(v) * 1e3, "p50_ms": pick(0.5) * 1e3,
+            "p90_ms": pick(0.9) * 1e3, "p99_ms": pick(0.99) * 1e3}
+
+
+async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
+    start = last = time.perf_counter()
+    rec, chunks = RequestRecord(ok=False), 0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                rec.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return rec
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                msg = json.loads(line[6:])
+                if msg.get("usage"):
+                    rec.tokens = msg["usage"]["completion_tokens"]
+                    rec.prompt_tokens = msg["usage"]["prompt_tokens"]
+                if not msg.get("choices"):
+                    continue
+                now = time.perf_counter()
+                if chunks == 0:
+                    rec.ttft = now - start
+                else:
+                    rec.itls.append(now - last)
+                last, chunks = now, chunks + 1
+        rec.tokens = rec.tokens or chunks
+        rec.ok, rec.e2e = True, time.perf_counter() - start
+    except Exception as e:  # noqa: BLE001 - a failed request is a measurement
+        rec.error = f"{type(e).__name__}: {e}"
+    return rec
+
+
+async def run_load(spec: LoadSpec) -> tuple[list[RequestRecord], float, float]:
+    """Every request of `spec`; the records and the wall-clock (time.time) start and end."""
+    import httpx
+    from tqdm import tqdm
+
+    rng = random.Random(spec.seed)
+    n = len(spec.prompts)
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    url = spec.base_url.rstrip("/") + "/v1/completions"
+    sem = asyncio.Semaphore(spec.concurrency or max(n, 1))
+    limits = httpx.Limits(max_connections=spec.concurrency or max(n, 1))
+    bar = tqdm(total=n, desc="requests", unit="req", disable=None if spec.progress else True)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        async def task(prompt: str) -> RequestRecord:
+            async with sem:
+                record = await _one(client, url, spec.body(prompt), headers)
+                bar.update()
+                return record
+
+        start = time.time()
+        jobs = []
+        for prompt in spec.prompts:
+            jobs.append(asyncio.ensure_future(task(prompt)))
+            if spec.rate:  # Poisson arrivals
+                await asyncio.sleep(rng.expovariate(spec.rate))
+        records = await asyncio.gather(*jobs)
+        end = time.time()
+    bar.close()
+    return list(records), start, end
+
+
+def summarize(records: list[RequestRecord], seconds: float) -> dict:
+    """bench_serving's figures over every record (of every worker)."""
+    ok = [r for r in records if r.ok]
+    tokens = sum(r.tokens for r in ok)
+    return {
+        "requests": len(records), "completed": len(ok), "failed": len(records) - len(ok),
+        "errors": sorted({r.error for r in records if not r.ok})[:5],
+        "seconds": seconds, "input_tokens": sum(r.prompt_tokens for r in ok),
+        "output_tokens": tokens, "requests_per_s": len(ok) / seconds,
+        "output_tokens_per_s": tokens / seconds,
+        "ttft": percentiles([r.ttft for r in ok]),
+        "itl": percentiles([x for r in ok for x in r.itls]),
+        "e2e": percentiles([r.e2e for r in ok]),
+    }

@@ -1,0 +1,62 @@
+"""`seq2serve bench serving` against a real server on the demo model: load from two client
+processes (fixed concurrency and Poisson arrivals) merged into one report, and the offline
+engine on the same workload with the ratio."""
+
+from __future__ import annotations
+
+import pytest
+
+from seq2serve.runtime.bench.serving import measure
+from seq2serve.runtime.bench.serving_load import LoadSpec, make_prompts
+from seq2serve.runtime.bench.serving_workers import split
+from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
+from seq2serve.tests.server_helpers import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(str(default_demo_path()))
+    yield srv
+    srv.kill()
+
+
+def test_split_shares_the_requests_concurrency_and_rate():
+    spec = LoadSpec("http://x", tuple(make_prompts(7, 3)), 4, concurrency=5, rate=None)
+    shares = split(spec, 3)
+    assert sorted(p for s in shares for p in s.prompts) == sorted(spec.prompts)
+    assert [s.concurrency for s in shares] == [2, 2, 1]
+    assert [s.rate for s in split(LoadSpec("u", ("a", "b"), 4, None, 6.0), 2)] == [3.0, 3.0]
+    assert len(split(spec, 9)) == 7  # no worker without a prompt
+
+
+@pytest.mark.parametrize("concurrency, rate", [(3, None), (None, 40.0)],
+                         ids=["concurrency", "poisson"])
+def test_two_workers_report_merged_figures(server, concurrency, rate):
+    res = measure(server.url, 6, 4, 5, concurrency, rate, workers=2)
+    assert (res["completed"], res["failed"], res["workers"]) == (6, 0, 2), res["errors"]
+    assert res["output_tokens"] == 6 * 5  # the server's usage counts, ignore_eos
+    assert res["input_tokens"] > 0 and res["requests_per_s"] > 0
+    for name in ("ttft", "itl", "e2e"):
+        f = res[name]
+        assert 0 < f["p50_ms"] <= f["p90_ms"] <= f["p99_ms"], name
+    assert res["ttft"]["p50_ms"] <= res["e2e"]["p99_ms"]
+    assert len(res["client_cpu_share"]) == 2
+
+
+def test_cli_with_workers_and_compare_offline(server, tmp_path, capsys):
+    import json
+
+    from seq2serve.runtime.cli import main
+
+    out = tmp_path / "serving.json"
+    assert main(["bench", "serving", "--base-url", server.url, "--num-requests", "4",
+                 "--input-len", "4", "--output-len", "5", "--concurrency", "2", "--workers", "2",
+                 "--compare-offline", "--engine-args", '{"device": "cpu"}',
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["completed"] == 4 and res["workers"] == 2
+    off = res["offline"]
+    assert off["model_path"] == str(default_demo_path()) and off["output_tokens"] == 4 * 5
+    assert res["server_over_offline"] == pytest.approx(
+        res["output_tokens_per_s"] / off["output_tokens_per_s"])
+    assert "server / offline" in capsys.readouterr().out
