@@ -312,3 +312,10 @@ def test_the_authorization_scheme_is_case_insensitive(header, token):
     from seq2serve.runtime.frontend.http_middleware import bearer_token
 
     assert bearer_token([(b"authorization", header)]) == token
+
+
+def test_each_replica_has_its_own_rendezvous_port():
+    args = ServerArgs(model_path="m", device="cpu", dp_size=2, tp_size=2, dist_init_port=29600)
+    assert [p.args.dist_init_port for p in plan_replicas(args, environ={})] == [29600, 29601]
+    with pytest.raises(ValueError, match="dist_init_port"):
+        ServerArgs(model_path="m", dist_init_port=70000)
