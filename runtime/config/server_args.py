@@ -90,7 +90,7 @@ class ServerArgs:
     host: str = "127.0.0.1"  # address the HTTP server binds
     port: int = 30000  # HTTP port
     api_key: str | None = None  # when set, every endpoint but /health needs "Bearer KEY"
-    admin_api_key: str | None = None  # when set, control routes (/flush_cache, /debug/*) need it
+    admin_api_key: str | None = None  # when set, /flush_cache, /metrics, /debug/* need this key
     served_model_name: str | None = None  # model name in the API (unset: the directory's name)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
