@@ -22,6 +22,7 @@ from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_protocol import TranslationRequest
 from seq2serve.runtime.frontend.openai_serving import OpenAIServing
 from seq2serve.runtime.frontend.prompts import translation_prompt
+from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid
 from seq2serve.runtime.frontend.scheduler_link import SchedulerLink
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
@@ -80,12 +81,13 @@ def test_a_beam_search_is_one_request_per_prompt_with_k_result_rids(model_dir):
     tm = tokenizer_manager(model_dir)
     _, reqs = tm.tokenize(GenerateReqInput(text=SOURCES[:2], rid=["a", "b"],
                                            sampling_params=BEAMS))
-    assert [r.rid for r in reqs] == ["a-0", "b-0"]
-    assert [r.beam_rids for r in reqs] == [["a-0", "a-1"], ["b-0", "b-1"]]
+    # the runtime's rids: the client's under its (here anonymous) user
+    assert [client_rid(r.rid) for r in reqs] == ["a-0", "b-0"]
+    assert [r.beam_rids for r in reqs] == [[_rid("a-0"), _rid("a-1")], [_rid("b-0"), _rid("b-1")]]
     assert all(r.sampling_params.num_beams == 4 for r in reqs)
     _, [one] = tm.tokenize(GenerateReqInput(text=SOURCES[0], rid="c",
                                             sampling_params={"num_beams": 3}))
-    assert one.rid == "c" and one.beam_rids is None and one.result_rids == ["c"]
+    assert one.rid == _rid("c") and one.beam_rids is None and one.result_rids == [_rid("c")]
 
 
 def test_k_results_count_against_max_batch_inputs(model_dir):
@@ -100,6 +102,10 @@ def test_stream_and_logprobs_are_refused_with_beams(model_dir, field):
     tm = tokenizer_manager(model_dir)
     with pytest.raises(ValueError, match=f"{field} cannot be combined with num_beams > 1"):
         tm.tokenize(GenerateReqInput(text=SOURCES[0], sampling_params=BEAMS, **{field: True}))
+
+
+def _rid(rid: str) -> str:
+    return scoped_rid(None, rid)
 
 
 class _Wire:
@@ -140,8 +146,9 @@ def test_generate_sends_each_request_once_and_returns_k_results_per_prompt(model
     results = asyncio.run(run())
     assert [type(m) for m in wire.sent] == [TokenizedRequest, TokenizedRequest]  # no aborts
     assert released == wire.sent  # pixel-store entries: once per request sent
-    assert [r["text"] for r in results] == [f"text of {rid}"
+    assert [r["text"] for r in results] == [f"text of {_rid(rid)}"
                                             for rid in ("a-0", "a-1", "b-0", "b-1")]
+    assert [r["meta_info"]["id"] for r in results] == ["a-0", "a-1", "b-0", "b-1"]
     assert [r["meta_info"]["beam_score"] for r in results] == [-1.0, -2.0, -1.0, -2.0]
     assert not tm.states
 
@@ -157,7 +164,7 @@ def test_leaving_early_aborts_every_unfinished_result(model_dir):
 
     asyncio.run(run())
     aborted = [m.rid for m in wire.sent if isinstance(m, AbortRequest)]
-    assert aborted == ["a-0", "a-1", "b-0", "b-1"] and not tm.states
+    assert aborted == [_rid(r) for r in ("a-0", "a-1", "b-0", "b-1")] and not tm.states
     assert len(released) == 2
 
 

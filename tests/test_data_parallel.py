@@ -29,6 +29,9 @@ POOL = [n for n in random.Random(7).sample(range(100_000), 600) if not is_held_o
 LOAD, REPEATED = POOL[:200], POOL[200:232]
 # pools of a few MB (by default a CPU replica plans them from the host's free memory)
 POOLS = ("--max-total-tokens", "16384", "--max-cross-tokens", "16384")
+# the control routes and meta_info.replica are the admin's (--admin-api-key)
+ADMIN_KEY = "admin-key-dp"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def _prompt(n: int) -> str:
@@ -43,21 +46,21 @@ def _schedulers(srv: ServerProcess) -> list[int]:
 @pytest.fixture(scope="module")
 def server():
     """One dp_size 2 server for the module; its last test kills a replica."""
-    srv = ServerProcess(DEMO, "--dp-size", "2", *POOLS)
+    srv = ServerProcess(DEMO, "--dp-size", "2", *POOLS, "--admin-api-key", ADMIN_KEY)
     yield srv
     srv.kill()
 
 
 def test_the_layout_is_reported(server):
     assert "2 data-parallel replicas (0: cpu, 1: cpu)" in server.output()
-    layout = httpx.get(server.url + "/debug/stats").json()["layout"]
+    layout = httpx.get(server.url + "/debug/stats", headers=ADMIN).json()["layout"]
     assert layout["dp_size"] == 2
     assert sorted(r["pid"] for r in layout["replicas"]) == sorted(_schedulers(server))
     assert len(server.children()) == 3  # two schedulers, one detokenizer
 
 
 def test_200_concurrent_requests_nothing_lost(server):
-    before = httpx.get(server.url + "/debug/stats").json()
+    before = httpx.get(server.url + "/debug/stats", headers=ADMIN).json()
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
                                 timeout=120, max_retries=0)
 
@@ -80,7 +83,7 @@ def test_200_concurrent_requests_nothing_lost(server):
     wrong = [(want, got) for want, got in zip(expected, texts) if got != want]
     assert len(texts) == 200 and len(wrong) <= 4, wrong
     assert not {got for _, got in wrong} & set(expected)
-    after = httpx.get(server.url + "/debug/stats").json()
+    after = httpx.get(server.url + "/debug/stats", headers=ADMIN).json()
     router = after["router"]
     assert router["outstanding_requests"] == [0, 0] and router["outstanding_tokens"] == [0, 0]
     routed = [a + b for a, b in zip(router["routed_affinity"], router["routed_least_loaded"])]
@@ -91,8 +94,8 @@ def test_200_concurrent_requests_nothing_lost(server):
     encoded = [r["encoder_inputs"] for r in after["replicas"]]
     assert sum(encoded) - before["encoder_inputs"] == 200  # each source encoded once
     assert after["running_requests"] == after["waiting_requests"] == 0
-    assert httpx.get(server.url + "/debug/integrity").json()["ok"]
-    metrics = httpx.get(server.url + "/metrics").text
+    assert httpx.get(server.url + "/debug/integrity", headers=ADMIN).json()["ok"]
+    metrics = httpx.get(server.url + "/metrics", headers=ADMIN).text
     for i in (0, 1):
         assert f'seq2serve_kv_cache_usage{{replica="{i}"}}' in metrics
         assert f'seq2serve_dp_outstanding_requests{{replica="{i}"}} 0.0' in metrics
@@ -102,7 +105,7 @@ def test_a_repeated_source_goes_to_the_replica_that_cached_it(server):
     async def round_(c: httpx.AsyncClient, numbers: list[int]) -> dict[int, dict]:
         async def one(n):
             r = await c.post("/generate", json={"text": _prompt(n), "sampling_params": {
-                "max_new_tokens": 40, "temperature": 0}})
+                "max_new_tokens": 40, "temperature": 0}}, headers=ADMIN)
             assert r.status_code == 200, r.text
             return n, r.json()
 
@@ -121,13 +124,45 @@ def test_a_repeated_source_goes_to_the_replica_that_cached_it(server):
         assert again[n]["meta_info"]["replica"] == first[n]["meta_info"]["replica"]
         assert again[n]["meta_info"]["encoder_cache_hit"], n
         assert again[n]["text"] == first[n]["text"]
-    assert httpx.get(server.url + "/debug/integrity").json()["ok"]
+    assert httpx.get(server.url + "/debug/integrity", headers=ADMIN).json()["ok"]
 
 
 def test_flush_reaches_every_replica(server):
-    assert httpx.post(server.url + "/flush_cache").json() == {"flushed": True}
-    stats = httpx.get(server.url + "/debug/stats").json()
+    assert httpx.post(server.url + "/flush_cache", headers=ADMIN).json() == {"flushed": True}
+    stats = httpx.get(server.url + "/debug/stats", headers=ADMIN).json()
     assert [r["encoder_cache_entries"] for r in stats["replicas"]] == [0, 0]
+
+
+def test_stats_report_the_true_tp_and_dp_size(server):
+    stats = httpx.get(server.url + "/debug/stats", headers=ADMIN).json()
+    assert stats["tp_size"] == 1 and stats["dp_size"] == 2  # tp_size was summed: 2
+    assert stats["tp_devices"] == ["cpu", "cpu"]
+
+
+def test_another_users_prompt_gives_no_routing_signal(server):
+    """Bob sends the source alice sent: no replica field, no affinity counted, no cache hit;
+    alice's own repeat is routed by her affinity."""
+    def routed() -> tuple[int, int]:
+        router = httpx.get(server.url + "/debug/stats", headers=ADMIN).json()["router"]
+        return sum(router["routed_affinity"]), sum(router["routed_least_loaded"])
+
+    def send(user: str, headers=None) -> dict:
+        r = httpx.post(server.url + "/generate", headers=headers, timeout=60, json={
+            "text": _prompt(POOL[240]), "user": user,
+            "sampling_params": {"max_new_tokens": 40, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        return r.json()["meta_info"]
+
+    alice = send("alice")
+    assert "replica" not in alice and not alice["encoder_cache_hit"]
+    before = routed()
+    bob = send("bob")
+    assert "replica" not in bob and not bob["encoder_cache_hit"] and bob["cached_tokens"] == 0
+    assert routed() == (before[0], before[1] + 1)  # by load, as a source nobody sent
+    assert send("alice")["encoder_cache_hit"]
+    assert routed() == (before[0] + 1, before[1] + 1)  # alice's own affinity
+    assert "replica" in send("carol", headers=ADMIN)  # the admin sees where it ran
+    assert httpx.get(server.url + "/debug/stats").status_code == 403
 
 
 def test_one_replica_runs_as_before():

@@ -201,3 +201,30 @@ def test_a_dead_rank_ends_the_server(t5_tp_dir):
         assert "tensor-parallel rank 1" in out and "scheduler process" in out
     finally:
         srv.kill()
+
+
+def test_the_rendezvous_port_is_configurable(t5_tp_dir):
+    """--dist-init-port: the ranks meet there; a port in use is refused by name at start."""
+    import socket
+
+    import psutil
+
+    from seq2serve.tests.server_helpers import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(RuntimeError) as e:
+            ServerProcess(t5_tp_dir, "--tp-size", "2", "--dist-init-port", str(busy))
+        assert f"dist_init_port {busy}" in str(e.value) and "in use" in str(e.value)
+    port = free_port()
+    srv = ServerProcess(t5_tp_dir, "--tp-size", "2", "--dist-init-port", str(port),
+                        "--max-total-tokens", "2048", "--max-cross-tokens", "2048")
+    try:
+        scheduler = next(p for p in srv.children() if b"scheduler" in _cmdline(p))
+        listening = {c.laddr.port for c in psutil.Process(scheduler).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        assert port in listening
+    finally:
+        srv.kill()

@@ -23,12 +23,23 @@ class RequestLimits:
 
 
 @dataclass(frozen=True)
+class CacheIsolation:
+    """Whose cached entries a request may reuse (ServerArgs' cache_isolation options): the
+    caches' rule, and the data-parallel router's, which must not reveal more than they do."""
+
+    mode: str = "user"  # none, user or shared
+    public_min_users: int = 3
+    window_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
 class ServerArgs:
     model_path: str | None = None  # local HF checkpoint directory (unset: the bundled demo model)
     tokenizer_path: str | None = None  # tokenizer directory (unset: the model directory)
     load_format: str = "safetensors"  # safetensors, or dummy (random weights of the shapes)
     device: str | None = None  # cpu, cuda or cuda:N (unset: cuda when present, else cpu)
     tp_size: int = 1  # tensor-parallel ranks: a process and a GPU each (CPU: processes, gloo)
+    dist_init_port: int | None = None  # tp_size > 1: ranks' rendezvous port (unset: any free one)
     dtype: str = "auto"  # float32, bfloat16, float16, auto (CPU: float32; GPU: bfloat16 if it can, no float16 for T5)
     quantization: str | None = None  # int8 (weight-only; CPU, GPU) or fp8 (E4M3; sm_89+ GPUs)
     quantize_lm_head: bool = False  # with quantization: the LM head too (else the model dtype)
@@ -54,7 +65,7 @@ class ServerArgs:
     # caches
     disable_radix_cache: bool = False  # turn off decoder prefix reuse
     disable_encoder_cache: bool = False  # turn off encoder output (cross K/V) reuse
-    cache_isolation: str = "none"  # none, user (never across users) or shared (public after K users)
+    cache_isolation: str = "user"  # user (no sharing across users), shared (public after K) or none
     cache_public_min_users: int = 3  # shared isolation: distinct users who make an entry public
     cache_window_seconds: float = 600.0  # shared isolation: the window those users are counted in
     host_cache_gb: float = 0.0  # host-memory tier for evicted decoder KV and cross K/V (0: off)
@@ -81,6 +92,7 @@ class ServerArgs:
     host: str = "127.0.0.1"  # address the HTTP server binds
     port: int = 30000  # HTTP port
     api_key: str | None = None  # when set, every endpoint but /health needs "Bearer KEY"
+    admin_api_key: str | None = None  # when set, /flush_cache, /metrics, /debug/* need this key
     served_model_name: str | None = None  # model name in the API (unset: the directory's name)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -124,6 +136,14 @@ class ServerArgs:
             raise ValueError(f"device {self.device!r} pins one GPU, but dp_size {self.dp_size} "
                              f"replicas each take their own: use device 'cuda' and choose the "
                              f"GPUs with CUDA_VISIBLE_DEVICES")
+        port = self.dist_init_port
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool)
+                                 or not 1 <= port <= 65535 - (self.dp_size - 1)):
+            raise ValueError(f"dist_init_port must be a TCP port (1-65535, leaving room for one "
+                             f"port per data-parallel replica), got {port!r}")
+        if self.admin_api_key is not None and self.admin_api_key == self.api_key:
+            raise ValueError("admin_api_key must differ from api_key: the admin scope would "
+                             "be anyone's")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction!r}")
         if self.cache_isolation not in ("none", "user", "shared"):
@@ -173,6 +193,10 @@ class ServerArgs:
                              max_images=self.max_images_per_request,
                              max_batch_inputs=self.max_batch_inputs,
                              max_stop_chars=self.max_stop_chars)
+
+    def isolation(self) -> CacheIsolation:
+        return CacheIsolation(self.cache_isolation, self.cache_public_min_users,
+                              self.cache_window_seconds)
 
     def resolved_device(self) -> str:
         import torch

@@ -80,7 +80,7 @@ class TensorParallelRanks:
         check_tensor_parallel(model_config, size)  # a clear refusal before anything starts
         device = rank_device(args.resolved_device(), 0)
         rank_device(device, size - 1)  # enough GPUs
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{rendezvous_port(args.dist_init_port)}"
         ctx = mp.get_context("spawn")
         self.procs = [ctx.Process(target=run_rank, name=f"tp-rank-{r}", daemon=True,
                                   args=(r, size, init_method, args, model_config, os.getpid()))
@@ -161,7 +161,15 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(0)
 
 
-def _free_port() -> int:
+def rendezvous_port(port: int | None) -> int:
+    """The port rank 0 binds for the ranks' rendezvous: `--dist-init-port` when given (a
+    ValueError naming it when something else holds it, before any rank starts), else a free
+    one the OS picks."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("127.0.0.1", port or 0))
+        except OSError as e:
+            raise ValueError(f"dist_init_port {port} (the tensor-parallel ranks' rendezvous on "
+                             f"127.0.0.1) is in use: {e.strerror}; choose another with "
+                             f"--dist-init-port, or leave it unset for a free one") from None
         return s.getsockname()[1]

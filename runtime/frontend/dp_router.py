@@ -10,8 +10,11 @@ when the replica it points to is far busier than the least loaded one (SGLang's 
 the same balance guard), the request goes to the replica with the fewest outstanding tokens
 (ties in turn).
 
-The router deals only in keys and counts (no sockets, no tensors): the TokenizerManager's
-`SchedulerLink` calls `route` as it sends and `release` when a request ends.
+The router deals only in keys and counts (no sockets, no tensors, no users): the
+TokenizerManager's `SchedulerLink` calls `route` as it sends and `release` when a request ends.
+Which keys a request may be routed by is `RouteScopes`' (route_scopes.py): under cache
+isolation, only its own user's and public ones, so that neither the replica nor the affinity
+counters tell a user what another sent.
 """
 
 from __future__ import annotations
@@ -82,8 +85,10 @@ class DataParallelRouter:
         self.routed = {"affinity": [0] * replicas, "least_loaded": [0] * replicas}
         self.turn = 0  # the replica first in line among equally loaded ones
 
-    def route(self, keys: list[RouteKey], cost: int) -> int:
-        """The replica for a request with these keys; its cost counts there until release."""
+    def route(self, keys: list[RouteKey], cost: int,
+              record: list[RouteKey] | None = None) -> int:
+        """The replica for a request with these keys; its cost counts there until release.
+        `record` (default: `keys`): the keys remembered as now on that replica."""
         # ties (idle replicas, say) go round in turn, so that work and caches spread
         n = self.replicas
         least = min(range(n), key=lambda r: (self.tokens[r], self.requests[r],
@@ -97,7 +102,7 @@ class DataParallelRouter:
         self.routed[reason][choice] += 1
         self.tokens[choice] += cost
         self.requests[choice] += 1
-        for k in keys:
+        for k in keys if record is None else record:
             self.table[k.key] = choice
             self.table.move_to_end(k.key)
         while len(self.table) > self.max_keys:

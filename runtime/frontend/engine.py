@@ -69,7 +69,8 @@ class Seq2SeqEngine:
                                  max_pixels=self.args.max_image_pixels)
             self.tokenizer_manager = TokenizerManager(
                 self.procs.ipc, tokenizer, self.procs.info, model_id=self.args.model_path,
-                media_policy=policy, limits=self.args.request_limits())
+                media_policy=policy, limits=self.args.request_limits(),
+                isolation=self.args.isolation())
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever,
                                              name="seq2serve-engine-loop", daemon=True)
@@ -108,7 +109,8 @@ class Seq2SeqEngine:
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
                                image_data=image_data, user=user,
-                               logprob_start_len=logprob_start_len)
+                               logprob_start_len=logprob_start_len,
+                               show_replica=True)  # the engine's caller runs the server
         if stream:
             return self._sync_iter(self.tokenizer_manager.generate(obj))
         # max_batch_inputs bounds an HTTP body; a Python list of any length goes in chunks
@@ -131,7 +133,8 @@ class Seq2SeqEngine:
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
                                image_data=image_data, user=user,
-                               logprob_start_len=logprob_start_len)
+                               logprob_start_len=logprob_start_len,
+                               show_replica=True)  # the engine's caller runs the server
         if stream:
             return self._async_iter(self.tokenizer_manager.generate(obj))
         chunks = split_rows(obj, self.args.max_batch_inputs)

@@ -31,6 +31,9 @@ class GenerateReqInput:
     # decoder_input_ids' tokens after the start token that stand for a forced first generated
     # token (a translation's target language; TokenizedRequest.decoder_forced)
     decoder_forced: int = 0
+    # data parallelism: show meta_info.replica (the engine's caller, an admin over HTTP: the
+    # replica a request went to may tell a user that another sent the same content)
+    show_replica: bool = False
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,

@@ -28,7 +28,7 @@ from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.body_limit import BodySizeLimit
 from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_loop_route
 from seq2serve.runtime.frontend.http_drain import DrainingServer
-from seq2serve.runtime.frontend.http_middleware import AuthAndCount
+from seq2serve.runtime.frontend.http_middleware import ADMIN_SCOPE, AuthAndCount
 from seq2serve.runtime.frontend.http_protocol import header_deadline_protocol
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.metrics import ServerMetrics
@@ -61,7 +61,8 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     policy = MediaPolicy(allow_local_paths=False, local_media_dir=args.allowed_local_media_path,
                          allow_remote=args.allow_remote_media, max_pixels=args.max_image_pixels)
     tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
-                          media_policy=policy, limits=args.request_limits())
+                          media_policy=policy, limits=args.request_limits(),
+                          isolation=args.isolation())
     metrics = ServerMetrics(replicas=len(procs.schedulers))
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
@@ -83,7 +84,15 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     app.router.route_class = off_loop_route(parser)
     app.state.tm, app.state.metrics, app.state.serving = tm, metrics, serving
 
-    app.add_middleware(AuthAndCount, api_key=args.api_key, metrics=metrics, router=app.router)
+    app.add_middleware(AuthAndCount, api_key=args.api_key, metrics=metrics, router=app.router,
+                       admin_api_key=args.admin_api_key)
+
+    def sees_replica(request: Request) -> bool:
+        """meta_info.replica: for the admin key, or for everyone on a server that has none and
+        shares its caches across users (then the replica reveals nothing the caches do not)."""
+        if args.admin_api_key is not None:
+            return bool(request.scope.get(ADMIN_SCOPE))
+        return args.cache_isolation == "none"
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
@@ -130,7 +139,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
-        return await serving.generate(body, request)
+        return await serving.generate(body, request, show_replica=sees_replica(request))
 
     @app.post("/v1/translations")
     async def translations(body: TranslationRequest, request: Request):
@@ -157,7 +166,8 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
 
     @app.post("/abort_request")
     async def abort_request(body: AbortBody):
-        await tm.abort(body.rid)
+        """Abort the caller's own request: rids are per user (`user` as in the request)."""
+        await tm.abort(body.rid, body.user)
         return {"rid": body.rid}
 
     @app.post("/flush_cache")

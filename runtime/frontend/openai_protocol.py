@@ -153,3 +153,4 @@ class TokenizeRequest(_Body):
 
 class AbortBody(_Body):
     rid: str
+    user: str | None = None  # the user who sent the request (rids are per user)

@@ -327,8 +327,9 @@ class OpenAIServing:
         return sse_response(events())
 
     # --- /generate (SGLang native) -----------------------------------------------------------
-    async def generate(self, body: GenerateRequest, request: Request):
-        obj = GenerateReqInput(**body.model_dump())
+    async def generate(self, body: GenerateRequest, request: Request,
+                       show_replica: bool = False):
+        obj = GenerateReqInput(**body.model_dump(), show_replica=show_replica)
         if not body.stream:
             results = await self.collect(obj, request)
             single = isinstance(body.text, str) or (

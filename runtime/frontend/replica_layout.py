@@ -36,7 +36,7 @@ def plan_replicas(args: ServerArgs, environ: dict[str, str] | None = None,
     if not _on_cuda(args, gpu_count):
         threads = environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // dp))
         shared = dataclasses.replace(args, mem_fraction=args.mem_fraction / dp)
-        return [ReplicaPlacement(i, shared, {"OMP_NUM_THREADS": threads}, ())
+        return [ReplicaPlacement(i, _own_port(shared, i), {"OMP_NUM_THREADS": threads}, ())
                 for i in range(dp)]
     per = getattr(args, "tp_size", 1)  # a tensor-parallel replica takes tp_size GPUs
     gpus = _visible_gpus(environ, gpu_count)
@@ -46,8 +46,17 @@ def plan_replicas(args: ServerArgs, environ: dict[str, str] | None = None,
     out = []
     for i in range(dp):
         mine = tuple(gpus[i * per:(i + 1) * per])
-        out.append(ReplicaPlacement(i, args, {"CUDA_VISIBLE_DEVICES": ",".join(mine)}, mine))
+        out.append(ReplicaPlacement(i, _own_port(args, i),
+                                    {"CUDA_VISIBLE_DEVICES": ",".join(mine)}, mine))
     return out
+
+
+def _own_port(args: ServerArgs, index: int) -> ServerArgs:
+    """Replica i's tensor-parallel ranks meet on dist_init_port + i (each replica is its own
+    process group)."""
+    if getattr(args, "dist_init_port", None) is None or index == 0:
+        return args
+    return dataclasses.replace(args, dist_init_port=args.dist_init_port + index)
 
 
 def _on_cuda(args: ServerArgs, gpu_count: int | None) -> bool:

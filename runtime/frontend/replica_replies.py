@@ -1,7 +1,8 @@
 """One answer from the replicas' answers to a control request (`--dp-size` > 1).
 
-`stats`: counts summed over the replicas (largest-batch figures: the largest), and each
-replica's own under "replicas" (with "replica": its index). `check_integrity`: ok when every
+`stats`: counts summed over the replicas (largest-batch figures: the largest), the layout as
+it is (`tp_size`: each replica's, not a sum; `dp_size`: the replicas; `tp_devices`: every
+replica's devices), and each replica's own under "replicas" (with "replica": its index). `check_integrity`: ok when every
 replica's pools are; an error names the replica. `flush_cache`: ok when every replica flushed.
 """
 
@@ -32,6 +33,10 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     for key in stats[0]:
         values = [s.get(key) for s in stats]
         out[key] = _combine(key, values)
+    if "tp_size" in out:  # every replica has the same ranks; summed they were dp x tp
+        out["tp_size"] = max(s["tp_size"] for s in stats)
+        out["tp_devices"] = [d for s in stats for d in s.get("tp_devices", [])]
+    out["dp_size"] = len(stats)
     out["replicas"] = [{"replica": i, **s} for i, s in enumerate(stats)]
     return out
 

@@ -12,25 +12,29 @@ from __future__ import annotations
 
 import zmq
 
-from seq2serve.runtime.frontend.dp_router import DataParallelRouter, request_cost, routing_keys
+from seq2serve.runtime.config.server_args import CacheIsolation
+from seq2serve.runtime.frontend.dp_router import DataParallelRouter, request_cost
+from seq2serve.runtime.frontend.route_scopes import RouteScopes
 from seq2serve.runtime.messages.io_struct import AbortRequest, ControlRequest, TokenizedRequest
 from seq2serve.runtime.messages.ipc import socket
 
 
 class SchedulerLink:
-    def __init__(self, ctx: zmq.Context, endpoints: tuple[str, ...]) -> None:
-        self._attach([socket(ctx, zmq.PUSH, e, bind=False) for e in endpoints])
+    def __init__(self, ctx: zmq.Context, endpoints: tuple[str, ...],
+                 isolation: CacheIsolation | None = None) -> None:
+        self._attach([socket(ctx, zmq.PUSH, e, bind=False) for e in endpoints], isolation)
 
     @classmethod
-    def over(cls, sockets: list) -> SchedulerLink:
+    def over(cls, sockets: list, isolation: CacheIsolation | None = None) -> SchedulerLink:
         """A link over sockets already open (anything with `send_pyobj`: tests' wires)."""
         link = cls.__new__(cls)
-        link._attach(list(sockets))
+        link._attach(list(sockets), isolation)
         return link
 
-    def _attach(self, sockets: list) -> None:
+    def _attach(self, sockets: list, isolation: CacheIsolation | None) -> None:
         self.sockets = sockets
         self.router = DataParallelRouter(len(sockets)) if len(sockets) > 1 else None
+        self.scopes = RouteScopes(isolation or CacheIsolation())
         self.replica_of: dict[str, int] = {}  # result rid -> its replica (several only)
 
     @property
@@ -44,7 +48,8 @@ class SchedulerLink:
             return
         shares: dict[int, list[TokenizedRequest]] = {}
         for r in reqs:
-            replica = self.router.route(routing_keys(r), request_cost(r))
+            lookup, record = self.scopes.keys(r)
+            replica = self.router.route(lookup, request_cost(r), record)
             shares.setdefault(replica, []).append(r)
             for rid in r.result_rids:
                 self.replica_of[rid] = replica

@@ -23,7 +23,7 @@ from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
 from seq2serve.encoders.image_loader import MediaPolicy, read_image
 from seq2serve.encoders.pixel_store import PixelStore
 from seq2serve.runtime.config.sampling_params import SamplingParams
-from seq2serve.runtime.config.server_args import RequestLimits
+from seq2serve.runtime.config.server_args import CacheIsolation, RequestLimits
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     invalid_text,
@@ -32,6 +32,7 @@ from seq2serve.runtime.frontend.generate_request import (
 from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.runtime.frontend.prompts import role_markers
 from seq2serve.runtime.frontend.replica_replies import merge_replies
+from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid
 from seq2serve.runtime.frontend.scheduler_link import SchedulerLink
 from seq2serve.runtime.memory.host_memory import release_freed_memory
 from seq2serve.runtime.messages.io_struct import (
@@ -53,8 +54,9 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class _ReqState:
-    rid: str
+    rid: str  # the runtime's key: the client's rid under its user (request_ids.py)
     index: int
+    show_replica: bool = False  # data parallelism: meta_info.replica (the operator's only)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
@@ -71,7 +73,8 @@ class _ReqState:
 class TokenizerManager:
     def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str,
                  media_policy: MediaPolicy | None = None,
-                 limits: RequestLimits | None = None) -> None:
+                 limits: RequestLimits | None = None,
+                 isolation: CacheIsolation | None = None) -> None:
         self.ipc = ipc
         self.tokenizer = tokenizer
         self.info = info
@@ -79,6 +82,7 @@ class TokenizerManager:
         self.is_encoder_decoder = info["is_encoder_decoder"]
         self.media_policy = media_policy or MediaPolicy()
         self.limits = limits or RequestLimits()
+        self.isolation = isolation or CacheIsolation()  # the router's too
         self.image_processor = None
         self.image_pool = None
         if info.get("has_vision"):
@@ -118,7 +122,7 @@ class TokenizerManager:
         self._started = True
         ctx = zmq.asyncio.Context()
         # to the scheduler, or to each data-parallel replica's through the router
-        self.link = SchedulerLink(ctx, self.ipc.scheduler_inputs)
+        self.link = SchedulerLink(ctx, self.ipc.scheduler_inputs, self.isolation)
         self.recv_from_detokenizer = socket(ctx, zmq.PULL, self.ipc.tokenizer_input, bind=True)
         self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
 
@@ -153,7 +157,7 @@ class TokenizerManager:
             if k is not None and k > len(dec):
                 raise ValueError(f"logprob_start_len {k} is past the decoder input's "
                                  f"{len(dec)} tokens")
-            base_rid = item["rid"] or uuid.uuid4().hex
+            base_rid = scoped_rid(obj.user, item["rid"] or uuid.uuid4().hex)
             common = dict(encoder_input_ids=enc, decoder_input_ids=dec, stream=obj.stream,
                           return_logprob=obj.return_logprob,
                           top_logprobs_num=obj.top_logprobs_num, logprob_start_len=k,
@@ -330,7 +334,8 @@ class TokenizerManager:
         rids = [rid for r in reqs for rid in r.result_rids]
         if any(rid in self.states for rid in rids):
             raise ValueError("rid must be unique among running requests")
-        states = [_ReqState(rid=rid, index=i) for i, rid in enumerate(rids)]
+        states = [_ReqState(rid=rid, index=i, show_replica=obj.show_replica)
+                  for i, rid in enumerate(rids)]
         for s, r in zip(states, reqs):  # (scoring refuses beams: one result per request)
             if r.logprob_start_len is not None:
                 s.scored_ids = r.decoder_input_ids[r.logprob_start_len:]
@@ -445,7 +450,7 @@ class TokenizerManager:
 
     def _meta(self, s: _ReqState, out: TokenOutput, logprob: bool) -> dict[str, Any]:
         meta = {
-            "id": s.rid,
+            "id": client_rid(s.rid),
             "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens,
             "finish_reason": out.finished_reason,
@@ -457,7 +462,7 @@ class TokenizerManager:
             meta["cache_hits"] = out.cache_hits
         if s.first_token is not None:
             meta["ttft"] = s.first_token - s.created
-        if self.link.router is not None:  # data parallelism: the replica that served it
+        if self.link.router is not None and s.show_replica:  # data parallelism: where it ran
             meta["replica"] = self.link.replica_of.get(s.rid)
         meta.update(out.extra)  # the scheduler's timings, at the end
         if logprob and s.finished:
@@ -467,9 +472,10 @@ class TokenizerManager:
                 meta["input_token_logprobs"] = list(zip(s.input_logprobs, s.scored_ids))
         return meta
 
-    async def abort(self, rid: str) -> None:
+    async def abort(self, rid: str, user: str | None = None) -> None:
+        """Abort `user`'s request `rid` (nothing happens when that user has none)."""
         await self.start()
-        self.link.abort(rid)
+        self.link.abort(scoped_rid(user, rid))
 
     async def control(self, kind: str, timeout: float = 60.0) -> ControlReply:
         """Ask the scheduler; with data parallelism every replica, their replies merged (with

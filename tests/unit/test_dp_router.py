@@ -243,3 +243,79 @@ def test_the_frontend_checks_requests_against_the_smallest_replica():
                       {**base, "kv_capacity_tokens": 7000, "cross_capacity_tokens": 900}])
     assert (info["kv_capacity_tokens"], info["cross_capacity_tokens"]) == (7000, 800)
     assert info["dp_size"] == 2 and info["is_encoder_decoder"] is True
+
+
+# --- issue 39: the router sees no more than the caches (RouteScopes) --------------------------
+
+def _scoped_link(mode: str, clock=None):
+    from seq2serve.runtime.config.server_args import CacheIsolation
+    from seq2serve.runtime.frontend.route_scopes import RouteScopes
+
+    router = DataParallelRouter(2)
+    scopes = RouteScopes(CacheIsolation(mode, 3, 600.0), clock=clock or (lambda: 0.0))
+
+    def send(user, enc):
+        r = _req(enc)
+        r.user = user
+        lookup, record = scopes.keys(r)
+        before = sum(router.routed["affinity"])
+        replica = router.route(lookup, request_cost(r), record)
+        router.release(replica, request_cost(r))
+        return replica, sum(router.routed["affinity"]) > before
+
+    return send
+
+
+@pytest.mark.parametrize("mode", ["user", "shared"])
+def test_another_users_source_is_no_affinity(mode):
+    send = _scoped_link(mode)
+    first, _ = send("alice", [5, 6, 7])
+    assert send("bob", [5, 6, 7])[1] is False  # routed by load: nothing says alice sent it
+    assert send("alice", [5, 6, 7]) == (first, True)  # her own entry still counts
+    assert send(None, [5, 6, 7])[1] is False  # the anonymous user is one user too
+    assert send(None, [5, 6, 7])[1] is True
+
+
+def test_shared_isolation_routes_by_public_entries_only():
+    send = _scoped_link("shared")
+    assert [send(u, [1, 2, 3])[1] for u in ("a", "b", "c")] == [False, False, False]
+    assert send("d", [1, 2, 3])[1] is True  # three users sent it: public, as in the caches
+
+
+def test_no_isolation_routes_across_users():
+    send = _scoped_link("none")
+    send("alice", [5, 6, 7])
+    assert send("bob", [5, 6, 7])[1] is True
+
+
+def test_stats_of_replicas_report_the_true_tp_size():
+    merged = merge_stats([{"tp_size": 1, "tp_devices": ["cpu"], "forwards": 3},
+                          {"tp_size": 1, "tp_devices": ["cpu"], "forwards": 4}])
+    assert merged["tp_size"] == 1 and merged["dp_size"] == 2 and merged["forwards"] == 7
+    assert merged["tp_devices"] == ["cpu", "cpu"]
+
+
+def test_rids_are_scoped_by_user_without_ambiguity():
+    from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid
+
+    keys = {scoped_rid(u, r) for u, r in (("a", "b:c"), ("a:b", "c"), (None, "x"), ("", "x"),
+                                          ("bob", "x"))}
+    assert len(keys) == 4  # None and "" are the one anonymous user
+    assert client_rid(scoped_rid("a:b", "c:d")) == "c:d"
+    assert client_rid(scoped_rid("al", "r") + "-1") == "r-1"
+
+
+@pytest.mark.parametrize("header,token", [(b"Bearer k1", b"k1"), (b"bearer k1", b"k1"),
+                                          (b"BEARER  k1 ", b"k1"), (b"Basic k1", None),
+                                          (b"k1", None), (b"Bearer", None)])
+def test_the_authorization_scheme_is_case_insensitive(header, token):
+    from seq2serve.runtime.frontend.http_middleware import bearer_token
+
+    assert bearer_token([(b"authorization", header)]) == token
+
+
+def test_each_replica_has_its_own_rendezvous_port():
+    args = ServerArgs(model_path="m", device="cpu", dp_size=2, tp_size=2, dist_init_port=29600)
+    assert [p.args.dist_init_port for p in plan_replicas(args, environ={})] == [29600, 29601]
+    with pytest.raises(ValueError, match="dist_init_port"):
+        ServerArgs(model_path="m", dist_init_port=70000)
