@@ -65,11 +65,14 @@ class SamplingBatch:
 
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
-                  device: str, pending: int = 0, beams: dict | None = None) -> SamplingBatch:
-        """`pending`: tokens each request has generated that the host has not seen yet (the
-        overlap scheduler's one step of lag); they count for seeds and min_new_tokens.
+                  device: str, pending: int | list[int] = 0,
+                  beams: dict | None = None) -> SamplingBatch:
+        """`pending`: tokens each request (or, a list, each row) has generated that the host
+        has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
+        is on the host); they count for seeds and min_new_tokens.
         `beams`: `beam_layout(...)` when the batch has beam search rows."""
         sps = [r.sampling_params for r in reqs]
+        pend = pending if isinstance(pending, list) else [pending] * len(reqs)
 
         def col(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype).view(-1, 1).to(device, non_blocking=True)
@@ -83,8 +86,8 @@ class SamplingBatch:
         penalized = any(sp.has_penalties for sp in sps)
 
         banned_rows, banned_cols = [], []
-        for i, (r, sp) in enumerate(zip(reqs, sps)):
-            if len(r.output_ids) + pending < sp.min_new_tokens:
+        for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
+            if len(r.output_ids) + p < sp.min_new_tokens:
                 ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
                 banned_rows += [i] * len(ban)
                 banned_cols += sorted(ban)
@@ -109,7 +112,7 @@ class SamplingBatch:
             min_ps=col(min_ps) if any(p > 0.0 for p in min_ps) else None,
             seeds=torch.tensor([-1 if sp.seed is None else sp.seed for sp in sps],
                                dtype=torch.int64).to(device) if seeded else None,
-            steps=torch.tensor([len(r.output_ids) + pending for r in reqs],
+            steps=torch.tensor([len(r.output_ids) + p for r, p in zip(reqs, pend)],
                                dtype=torch.int64).to(device) if seeded else None,
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,
