@@ -4,6 +4,12 @@ One ENCODE forward per scheduler step at most: the encoder runs once per distinc
 (text, or a model-owned payload, batched through its own type) over one packed, unpadded
 batch; inputs whose hidden states are cached only get their K/V projections. New hidden states
 are offered to the encoder cache's warm tier.
+
+Nothing here waits for the device. The passes are queued on the device's current stream, the
+one the decoder forwards run on, so the next forward (a decode step that reads the new cross
+K/V) is ordered after them without a synchronize, and the step in flight before them is not
+drained. A handle is `ready` once its writes are queued. (An encoder on a side stream would
+record an event here and make the decoder's stream wait on it before the next launch.)
 """
 
 from __future__ import annotations
@@ -24,11 +30,34 @@ class EncoderStage:
         self.num_forwards = 0  # encoder passes run (tests count them)
         self.num_encoded_inputs = 0
         self.num_projected_inputs = 0  # warm hits: K/V projected from cached hidden states
-        self.seconds = 0.0  # wall time of encoder passes (the host waits for each to finish)
+        self._seconds = 0.0
+        # CUDA: (start, end) events of stage runs whose device time is not read yet
+        self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @property
+    def seconds(self) -> float:
+        """Time of the encoder passes: the device's (CUDA events, read once they are done:
+        a run still on the device counts later), or the wall time on a CPU."""
+        self._read_timing()
+        return self._seconds
+
+    def _read_timing(self) -> None:
+        still = []
+        for start, end in self._timing:
+            if end.query():
+                self._seconds += start.elapsed_time(end) / 1e3
+            else:
+                still.append((start, end))
+        self._timing = still
 
     def run(self, jobs: list[EncoderJob]) -> None:
-        """Fill every job's cross K/V, in passes of at most max_batch_tokens inputs' tokens."""
-        start = time.perf_counter()
+        """Queue the writes of every job's cross K/V, in passes of at most max_batch_tokens
+        inputs' tokens; returns without waiting for the device."""
+        self._read_timing()  # (keeps the list short when nobody reads `seconds`)
+        cuda = str(self.worker.device).startswith("cuda")
+        start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+        if cuda:
+            start.record()
         chunk: list[EncoderJob] = []
         size = 0
         for j in jobs:
@@ -39,9 +68,12 @@ class EncoderStage:
             size += j.segment.length
         if chunk:
             self._run(chunk)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        self.seconds += time.perf_counter() - start
+        if cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._timing.append((start, end))
+        else:
+            self._seconds += time.perf_counter() - start
 
     def _run(self, jobs: list[EncoderJob]) -> None:
         encode = [j for j in jobs if j.work is EncodeWork.ENCODE]

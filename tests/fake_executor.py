@@ -49,8 +49,11 @@ class FakeExecutor:
     def launch(self, wb: DecoderBatch) -> StepOutput:
         mode, x = wb.forward_mode, wb.inputs
         self.forwards[mode.value] = self.forwards.get(mode.value, 0) + 1
-        ids = wb.input_ids_device if wb.input_ids_device is not None else x.input_ids
-        ids, pos = ids.tolist(), x.positions.tolist()
+        ids = x.input_ids.tolist()
+        if wb.input_ids_device is not None:  # the first rows' inputs, from the step before
+            n = wb.input_ids_device.numel()
+            ids[:n] = wb.input_ids_device.tolist()
+        pos = x.positions.tolist()
         loc = x.out_cache_loc.tolist()
         assert len(ids) == len(pos) == len(loc) == sum(x.extend_lens)
         assert len(set(loc)) == len(loc) and min(loc) >= self.token_to_kv_pool.page_size, \

@@ -8,8 +8,10 @@ metadata. The encoder pads its inputs into groups of near-equal length
 (`padded_segments.py`; inputs of one length need no copy) and attends once per group
 (`scaled_dot_product_attention`).
 A request's cross K/V never change while it decodes, so consecutive decode steps of the same
-requests reuse the padded cross K/V the first one gathered (any encode or prefill forward,
-the only ones after which a slot can hold another input's K/V, drops them).
+requests reuse the padded cross K/V the first one gathered. A slot can hold another input's
+K/V only after an encode forward (which drops them) or a host-tier load into the pool
+(`outside_writes`, part of their key): a request admitted into the decode batch without a
+prefill of its own may read slots an earlier request's K/V had.
 Prefills of several tokens keep the reference's per-request path (`torch_native.py`), which
 this backend is tested against. On a CPU the reference's per-request products cost more in
 call overhead than in arithmetic at batch sizes of tens.
@@ -53,6 +55,7 @@ class _CrossKV:
 
     slots: torch.Tensor
     layers: dict
+    outside_writes: int  # the pool's count when gathered (a host-tier load changes slots)
 
 
 # the most bytes of gathered cross K/V kept across decode steps (else gathered every step)
@@ -108,13 +111,14 @@ class TorchBatchedBackend(TorchNativeBackend):
         pool = fb.cross_kv_pool
         if fb.forward_mode is not ForwardMode.DECODE or pool is None:
             return {}
-        if self._cross is not None and torch.equal(self._cross.slots, slots):
+        if (self._cross is not None and self._cross.outside_writes == pool.outside_writes
+                and torch.equal(self._cross.slots, slots)):
             return self._cross.layers
         row_bytes = sum(b[0].numel() * b.element_size() for b in pool.k_buffers) * 2
         if slots.numel() * row_bytes > _MAX_KEPT_CROSS_BYTES:
             self._cross = None
             return {}
-        self._cross = _CrossKV(slots, {})
+        self._cross = _CrossKV(slots, {}, pool.outside_writes)
         return self._cross.layers
 
     def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,

@@ -146,8 +146,9 @@ class CudaGraphRunner:
         if started is not None:
             started.record()
         self.dev[:, :bucket].copy_(self.host[:, :bucket], non_blocking=True)
-        if wb.input_ids_device is not None:  # sampled by the step before, never on the host
-            self.dev[self.row["input_ids"], :bs].copy_(wb.input_ids_device)
+        if wb.input_ids_device is not None:  # the first rows' inputs: sampled by the step
+            n = wb.input_ids_device.numel()  # before, never on the host (the rest: staged)
+            self.dev[self.row["input_ids"], :n].copy_(wb.input_ids_device)
         self.graphs[bucket].replay()
         logits, ids = self.outputs[bucket]
         return logits[:bs], ids[:bs]

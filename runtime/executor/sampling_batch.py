@@ -76,13 +76,15 @@ class SamplingBatch:
 
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
-                  device: str, pending: int = 0, beams: dict | None = None,
-                  forced_eos: tuple[int, ...] = ()) -> SamplingBatch:
-        """`pending`: tokens each request has generated that the host has not seen yet (the
-        overlap scheduler's one step of lag); they count for seeds and min_new_tokens.
+                  device: str, pending: int | list[int] = 0,
+                  beams: dict | None = None, forced_eos: tuple[int, ...] = ()) -> SamplingBatch:
+        """`pending`: tokens each request (or, a list, each row) has generated that the host
+        has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
+        is on the host); they count for seeds and min_new_tokens.
         `beams`: `beam_layout(...)` when the batch has beam search rows. `forced_eos`: the
         model's forced_eos_token_id(s), forced on a row's last token."""
         sps = [r.sampling_params for r in reqs]
+        pend = pending if isinstance(pending, list) else [pending] * len(reqs)
 
         def col(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype).view(-1, 1).to(device, non_blocking=True)
@@ -99,8 +101,8 @@ class SamplingBatch:
         penalized = any(sp.has_penalties for sp in sps)
 
         banned_rows, banned_cols = [], []
-        for i, (r, sp) in enumerate(zip(reqs, sps)):
-            if len(r.output_ids) + pending < sp.min_new_tokens:
+        for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
+            if len(r.output_ids) + p < sp.min_new_tokens:
                 ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
                 banned_rows += [i] * len(ban)
                 banned_cols += sorted(ban)
@@ -110,7 +112,7 @@ class SamplingBatch:
                 banned_cols += ban
 
         forced = [i for i, (r, sp) in enumerate(zip(reqs, sps))
-                  if forced_eos and len(r.output_ids) + pending + 1 >= sp.max_new_tokens]
+                  if forced_eos and len(r.output_ids) + pend[i] + 1 >= sp.max_new_tokens]
 
         def padded(seqs: list[list[int]]) -> torch.Tensor:
             width = max(1, max(len(s) for s in seqs))
@@ -130,7 +132,7 @@ class SamplingBatch:
             if any(filtered) else None,
             filter_width=max(widths) if widths and max(widths) < vocab_size else None,
             seeded=seeded,
-            keys=None if all(greedy) else _keys(reqs, sps, pending, seeded, device),
+            keys=None if all(greedy) else _keys(reqs, sps, pend, seeded, device),
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,
             output_counts_ids=padded([r.output_ids for r in reqs]) if penalized else None,
@@ -150,12 +152,13 @@ class SamplingBatch:
         )
 
 
-def _keys(reqs: list[SamplingRow], sps: list[SamplingParams], pending: int, seeded: bool,
-          device: str) -> torch.Tensor:
+def _keys(reqs: list[SamplingRow], sps: list[SamplingParams], pending: list[int],
+          seeded: bool, device: str) -> torch.Tensor:
     keys = torch.randint(0, 1 << 32, (len(reqs),), dtype=torch.int64)
     if seeded:
-        keys = torch.tensor([k if sp.seed is None else row_key(sp.seed, len(r.output_ids) + pending)
-                             for k, sp, r in zip(keys.tolist(), sps, reqs)], dtype=torch.int64)
+        keys = torch.tensor([k if sp.seed is None else row_key(sp.seed, len(r.output_ids) + p)
+                             for k, sp, r, p in zip(keys.tolist(), sps, reqs, pending)],
+                            dtype=torch.int64)
     return keys.to(device, non_blocking=True)
 
 

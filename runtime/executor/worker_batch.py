@@ -30,8 +30,10 @@ class DecoderBatch:
     forward_mode: ForwardMode  # EXTEND or DECODE
     inputs: DecoderInputs  # on the host
     sampling: SamplingBatch | None = None  # None: plain greedy for every request
-    # decode with the overlap scheduler: the input tokens, still on the device (sampled by the
-    # step before, not yet seen by the host); replaces inputs.input_ids
+    # decode with the overlap scheduler: the input tokens of the first rows (those that
+    # continue the step before), still on the device (sampled by that step, not yet seen by
+    # the host); they replace the first rows of inputs.input_ids, the other rows' (fresh rows,
+    # such as a request admitted this step) come from the host
     input_ids_device: torch.Tensor | None = None
     input_logprobs: InputLogprobRows | None = None  # EXTEND: decoder inputs to score
 
@@ -63,11 +65,20 @@ def to_forward_batch(b: DecoderBatch, device: str, pools: dict[str, Any],
     """The batch on the device (copies queued without waiting), as the layers read it."""
     dev = b.inputs.upload(device)
     if b.input_ids_device is not None:
-        dev["input_ids"] = b.input_ids_device
+        dev["input_ids"] = with_device_ids(dev["input_ids"], b.input_ids_device)
     return ForwardBatch(**dev, forward_mode=b.forward_mode, host=b.inputs,
                         req_to_token_pool=pools["req_to_token"],
                         token_to_kv_pool=pools.get("token_to_kv"),
                         cross_kv_pool=pools.get("cross_kv"), attn_backend=attn_backend)
+
+
+def with_device_ids(host_ids: torch.Tensor, device_ids: torch.Tensor) -> torch.Tensor:
+    """A batch's input ids: `device_ids` for its first rows, then the rest of `host_ids`
+    (already on the device: a device-side copy, nothing waits)."""
+    n = device_ids.numel()
+    if n == host_ids.numel():
+        return device_ids
+    return torch.cat([device_ids, host_ids[n:]])
 
 
 def to_encode_forward_batch(b: EncodeBatch, device: str, pools: dict[str, Any],

@@ -63,6 +63,7 @@ class HostKVPool:
         if self.log is not None:
             self.log.record(self.name, "load", list(host_pages), list(device_pages))
         p = self.device_pool
+        p.outside_writes += 1
         ps = self.page_size
         for buf, host in ((p._k, self.k), (p._v, self.v)):
             L = buf.shape[0]

@@ -35,6 +35,9 @@ class PagedKVBuffers:
         self.k_buffers, self.v_buffers = list(self._k.unbind(0)), list(self._v.unbind(0))
         self.log: DeviceLog | None = None  # tensor parallelism: the writes to replay elsewhere
         self.name = ""  # the pool's name in `log`'s records (its owner sets both)
+        # writes made outside a forward (host-tier loads): a reader that keeps copies of
+        # slots across forwards (the CPU backend's decode cross K/V) keys them on it
+        self.outside_writes = 0
 
     @property
     def capacity_tokens(self) -> int:

@@ -1,9 +1,11 @@
 """The Scheduler: a waiting queue and a running batch, continuous batching.
 
-Each `step()` either admits waiting requests (encoder stage for those that need it, then one
-EXTEND batch of their decoder prompts) or runs one DECODE step for every running request.
-Requests that arrive while others decode join at the next step; finished ones leave and free
-their memory at once. When the KV pool cannot hold the next decode step, the requests with the
+Each `step()` admits waiting requests (encoder stage for those that need it) and runs one
+decoder forward: a DECODE step for every running request, the admitted ones whose decoder
+prompt is one token (T5's start token) among them as new rows, or, when an admitted request
+has a longer decoder prompt, one EXTEND batch of the admitted requests' prompts. Which rows a
+step computes and where their inputs come from is `step_plan.py`; building and launching it,
+`step_launcher.py`. Finished requests leave and free their memory at once. When the KV pool cannot hold the next decode step, the requests with the
 least progress are retracted (memory freed, cross K/V kept) and resumed later by recomputing.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -24,9 +25,7 @@ from seq2serve.encoders.encoder_stage import EncoderStage
 from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
-from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
-from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.worker import ModelWorker
 from seq2serve.runtime.executor.worker_batch import DecoderBatch, EncodeBatch
 from seq2serve.runtime.memory.cache_sharing import SharingRule
@@ -40,7 +39,9 @@ from seq2serve.runtime.scheduler.policy import FairPolicy
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import FinishReason, Req
 from seq2serve.runtime.scheduler.request_memory import InputsNeeded, RequestMemory
-from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
+from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch
+from seq2serve.runtime.scheduler.step_launcher import InFlight, StepLauncher
+from seq2serve.runtime.scheduler.step_plan import joins_decode, overlappable, rows_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -56,23 +57,6 @@ def _cache_hits(r: Req) -> dict[str, int]:
             "prefix_private_tokens": r.cached_tokens - r.cached_public_tokens,
             "encoder_public": r.encoder_public_hits,
             "encoder_private": encoder_hits - r.encoder_public_hits}
-
-
-def _plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = ()) -> bool:
-    """The argmax alone decides this request's next token (not its last one where the model
-    forces an EOS there)."""
-    done = len(r.output_ids) + pending
-    sp = r.sampling_params
-    return (r.plain_greedy and done >= sp.min_new_tokens
-            and not (forced_eos and done + 1 >= sp.max_new_tokens))
-
-
-@dataclass
-class _InFlight:
-    """A batch launched on the device whose sampled tokens the host has not processed yet."""
-
-    batch: ScheduleBatch
-    pending: StepOutput  # its copy to the host queued
 
 
 class Executor(Protocol):
@@ -142,7 +126,10 @@ class Scheduler:
         self.overlap = not args.disable_overlap_schedule
         self.wait_seconds = 0.0
         self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
-        self.in_flight: _InFlight | None = None
+        self.in_flight: InFlight | None = None
+        self.launcher = StepLauncher(self.worker, self.memory, model_config.vocab_size,
+                                     self.eos_ids, self.device,
+                                     forced_eos=model_config.forced_eos_token_ids)
         self.notices: list[TokenOutput] = []  # requests refused at admission
 
     # --- requests in -------------------------------------------------------------------------
@@ -244,12 +231,16 @@ class Scheduler:
         return bool(self.waiting or self.running or self.in_flight or self.notices)
 
     def step(self) -> list[TokenOutput]:
-        """Run one forward (with the encoder stage before it when new inputs need it).
+        """Run one decoder forward, with the encoder stage before it when admitted requests
+        have new encoder inputs.
 
-        With the overlap schedule, decode steps are pipelined: this step's batch is launched
+        With the overlap schedule every step that can be is pipelined: its batch is launched
         on the device before the previous step's tokens are read back and processed, so the
         host's bookkeeping runs while the device computes. Outputs then lag by one step, and
-        a request that just finished may compute one extra token, which is dropped."""
+        a request that just finished may compute one extra token, which is dropped. Admitting
+        a request drains nothing: its encoder pass is queued behind the step in flight, and
+        it becomes a row of the next decode step (`step_plan.joins_decode`) or, with a longer
+        decoder prompt, of an EXTEND launched before the step in flight is read."""
         outputs = self._step()
         if self.notices:
             outputs, self.notices = self.notices + outputs, []
@@ -257,17 +248,13 @@ class Scheduler:
 
     def _step(self) -> list[TokenOutput]:
         admitted, jobs = self._admit()
-        if admitted:
-            outputs = self._flush()
-            if jobs:
-                self.encoder_stage.run(jobs)
-                self._count(ForwardMode.ENCODE.value, len(jobs))
-            assert all(r.cross_ready for r in admitted)
-            outputs += self._run(ForwardMode.EXTEND, admitted)
-            # (a beam request retracted at its first step is back in the queue, not running)
-            self.running.extend(r for r in admitted
-                                if not r.finished and r.req_pool_idx is not None)
-            return outputs
+        if jobs:  # queued on the device's stream behind the step in flight: nothing waits
+            self.encoder_stage.run(jobs)
+            self._count(ForwardMode.ENCODE.value, len(jobs))
+        assert all(r.cross_ready for r in admitted)
+        if admitted and not all(joins_decode(r) for r in admitted):
+            return self._extend(admitted)  # (the one-token requests ride along)
+        self.running += admitted  # new rows of the next decode step
         if self.running:
             return self._decode_step()
         outputs = self._flush()
@@ -275,17 +262,32 @@ class Scheduler:
             self.check_integrity()
         return outputs
 
+    def _extend(self, admitted: list[Req]) -> list[TokenOutput]:
+        """The decoder prompts of `admitted` as one EXTEND. With the overlap schedule it is
+        launched before the step in flight is read, and the next decode step takes its
+        sampled tokens on the device; a beam group's first step, or a request that reads
+        every generated token, runs it with the host waiting."""
+        if self.overlap and overlappable(admitted):
+            launched = self._launch(ForwardMode.EXTEND, admitted)
+            outputs = self._flush()
+            self.in_flight = launched
+            self.running += admitted  # (finished ones leave when it is read)
+            return outputs
+        outputs = self._flush()
+        outputs += self._run(ForwardMode.EXTEND, admitted)
+        # (a beam request retracted at its first step is back in the queue, not running)
+        self.running.extend(r for r in admitted if not r.finished and r.req_pool_idx is not None)
+        return outputs
+
     def _decode_step(self) -> list[TokenOutput]:
         prev = self.in_flight
-        if self.overlap and prev is not None and self._overlappable(self.running):
-            # every running request was in `prev` and has one token the host has not seen
-            reqs = [r for r in self.running
-                    if len(r.output_ids) + 1 < r.sampling_params.max_new_tokens]
-            ps = self.memory.page_size
-            need = sum(1 for r in reqs if r.kv_len == len(r.kv_pages) * ps)  # page boundary
-            in_prev = {id(r) for r in prev.batch.reqs}
-            if reqs and all(id(r) in in_prev for r in reqs) and self.memory.make_room(need):
-                self.in_flight = self._launch(ForwardMode.DECODE, reqs, prev=prev)
+        if self.overlap and prev is not None and overlappable(self.running):
+            # each running request was in `prev` (one token the host has not seen, on the
+            # device) or is fresh (one token to compute, on the host: its last token read, or
+            # just admitted)
+            ahead = rows_ahead(self.running, prev.batch.reqs, self.memory.page_size)
+            if ahead is not None and ahead[0] and self.memory.make_room(ahead[1]):
+                self.in_flight = self._launch(ForwardMode.DECODE, ahead[0], prev=prev)
                 return self._resolve(prev)
         outputs = self._flush()
         if not self.running:
@@ -293,18 +295,10 @@ class Scheduler:
         self._make_room_for_decode()
         if not self.running:
             return outputs
-        if self.overlap and self._overlappable(self.running):
+        if self.overlap and overlappable(self.running):
             self.in_flight = self._launch(ForwardMode.DECODE, list(self.running))
             return outputs
         return outputs + self._run(ForwardMode.DECODE, list(self.running))
-
-    @staticmethod
-    def _overlappable(reqs: list[Req]) -> bool:
-        # penalties and n-gram bans read every generated token, and a beam group's first step
-        # spawns its rows on the host: they cannot run a step behind the device (a beam group
-        # past its first step can: the device chooses its beams, beam_step.py)
-        return not any(r.reads_history or (r.beam is not None and len(r.beam.rows) == 1)
-                       for r in reqs)
 
     def _flush(self) -> list[TokenOutput]:
         """Read back and process the step still in flight, if any."""
@@ -378,87 +372,12 @@ class Scheduler:
         return self._resolve(self._launch(mode, reqs))
 
     def _launch(self, mode: ForwardMode, reqs: list[Req],
-                prev: _InFlight | None = None) -> _InFlight:
-        """Build and launch a batch. With `prev` (the overlap schedule: every request of the
-        batch was in `prev`, whose outputs the host has not read), the step's input tokens, and
-        its beams' running scores, are `prev`'s outputs on the device."""
-        pending = 0 if prev is None else 1
-        groups = sorted({id(r.beam): r.beam for r in reqs if r.beam is not None}.values(),
-                        key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes keep order
-        if groups:  # the beam rows first, group by group (the sampler reads them as one block)
-            reqs = [r for g in groups for r in g.rows] + [r for r in reqs if r.beam is None]
-        input_ids = order = None
-        if prev is not None:
-            where = {id(r): i for i, r in enumerate(prev.batch.reqs)}
-            order = [where[id(r)] for r in reqs]
-            input_ids = prev.pending.next_token_ids
-            if order != list(range(len(prev.batch.reqs))):
-                order = torch.tensor(order, device=input_ids.device)
-                input_ids = input_ids[order]
-            else:
-                order = None
-        sampling = None  # plain greedy for all: the argmax, nothing to build
-        forced_eos = self.model_config.forced_eos_token_ids
-        if not all(_plain_greedy(r, pending, forced_eos) for r in reqs):
-            beams = self._beam_layout(groups, mode, prev, order) if groups else None
-            sampling = SamplingBatch.from_reqs(reqs, self.model_config.vocab_size, self.eos_ids,
-                                               self.device, pending=pending, beams=beams,
-                                               forced_eos=forced_eos)
-        if mode is ForwardMode.DECODE:
-            batch = decode_batch(reqs, self.memory, sampling)
-        else:
-            batch = ScheduleBatch.extend(reqs, self.memory, sampling)
-        batch.worker_batch.input_ids_device = input_ids
-        batch.beam_groups = groups
-        self._count(mode.value, batch.batch_size)
-        return _InFlight(batch, self.worker.launch(batch.worker_batch))
+                prev: InFlight | None = None) -> InFlight:
+        launched = self.launcher.launch(mode, reqs, prev)
+        self._count(mode.value, launched.batch.batch_size)
+        return launched
 
-    def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: _InFlight | None,
-                     order: torch.Tensor | None) -> dict:
-        """The sampler's beam fields: the buckets of equally shaped groups (in `groups`' order),
-        the rows' running scores (the host's, or those `prev` left on the device), and, in a
-        decode step, what the device needs to choose the beams of groups past their first
-        step and move their pages (`BeamMoves`)."""
-        buckets: list[tuple[int, int, int]] = []
-        for g in groups:
-            shape = (len(g.rows), g.keep)
-            if buckets and buckets[-1][1:] == shape:
-                buckets[-1] = (buckets[-1][0] + 1, *shape)
-            else:
-                buckets.append((1, *shape))
-        rows = sum(len(g.rows) for g in groups)
-        if prev is not None:
-            scores = prev.pending.beam_running_scores
-            scores = scores[order[:rows]] if order is not None else scores[:rows]
-        else:
-            scores = [s for g in groups for s in g.scores]
-        moves = None
-        if mode is ForwardMode.DECODE and any(len(g.rows) > 1 for g in groups):
-            moves = self._beam_moves(groups, 0 if prev is None else 1)
-        return SamplingBatch.beam_layout(scores, buckets, self.device, moves)
-
-    def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
-        ps = self.memory.page_size
-        width = max(len(g.stop_ids) for g in groups)
-        stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
-                                 for g in groups], dtype=torch.int64).view(len(groups), width)
-        all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
-                   .max_new_tokens for g in groups]
-        table_rows, shared_end, copy_len = [], [], []
-        for g in groups:
-            steady = len(g.rows) > 1
-            for r in g.rows:
-                length = r.kv_len + 1 if steady else 0  # positions written after this step
-                table_rows.append(r.req_pool_idx)
-                shared_end.append(length - length % ps)
-                copy_len.append(length % ps)
-        rows = torch.tensor([table_rows, shared_end, copy_len], dtype=torch.int64)
-        rows = rows.to(self.device, non_blocking=True)
-        return BeamMoves(stop_ids.to(self.device, non_blocking=True),
-                         torch.tensor(all_end).to(self.device, non_blocking=True),
-                         rows[0], rows[1], rows[2], max(1, max(copy_len)))
-
-    def _resolve(self, f: _InFlight) -> list[TokenOutput]:
+    def _resolve(self, f: InFlight) -> list[TokenOutput]:
         start = time.perf_counter()
         result = f.pending.wait()
         self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
@@ -514,6 +433,8 @@ class Scheduler:
         req.first_token_time = req.finish_time = now
         kv_bytes = self._kv_bytes(req, len(req.kv_pages))
         self.memory.finish(req)
+        if req in self.running:  # (an EXTEND read a step late)
+            self.running.remove(req)
         out = self._output(req, [])
         out.extra["kv_bytes"] = kv_bytes
         return out

@@ -1,0 +1,124 @@
+"""StepLauncher: builds one decoder forward from the scheduler's requests and launches it.
+
+Building a step assigns the KV slots of the tokens it computes (`ScheduleBatch`), lays its
+rows out (`step_plan.lay_out`), makes the sampling batch (with the beam groups' fields) and
+hands the `DecoderBatch` to the executor, which returns before the device is done. Rows that
+continue the step in flight take that step's sampled tokens, and its beams' running scores,
+straight from the device; fresh rows take their input from the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.executor.beam_step import BeamMoves
+from seq2serve.runtime.executor.sampler import StepOutput
+from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.request_memory import RequestMemory
+from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
+from seq2serve.runtime.scheduler.step_plan import lay_out, plain_greedy
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.executor.worker_batch import DecoderBatch
+
+
+@dataclass
+class InFlight:
+    """A batch launched on the device whose sampled tokens the host has not processed yet."""
+
+    batch: ScheduleBatch
+    pending: StepOutput  # its copy to the host queued
+
+
+class StepLauncher:
+    def __init__(self, executor, memory: RequestMemory, vocab_size: int,
+                 eos_ids: tuple[int, ...], device: str,
+                 forced_eos: tuple[int, ...] = ()) -> None:
+        self.executor = executor  # its launch(DecoderBatch) -> StepOutput, looked up per call
+        self.memory = memory
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self.device = device
+        self.forced_eos = forced_eos  # the model's forced_eos_token_id(s)
+
+    def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None
+               ) -> InFlight:
+        """Build and launch a batch of `reqs`. With `prev` (the overlap schedule: the step in
+        flight, whose outputs the host has not read), the requests of the batch that were in
+        `prev` take its outputs on the device as their input; the others (fresh decode rows:
+        one host token each) take theirs from the host."""
+        rows = lay_out(reqs, prev.batch.reqs if prev is not None else None)
+        assert mode is ForwardMode.DECODE or not rows.continuing, "no mixed forward yet"
+        input_ids = order = None
+        if rows.continuing:
+            input_ids = prev.pending.next_token_ids
+            if rows.prev_rows != list(range(len(prev.batch.reqs))):
+                order = torch.tensor(rows.prev_rows, device=input_ids.device)
+                input_ids = input_ids[order]
+        pending = rows.pending
+        sampling = None  # plain greedy for all: the argmax, nothing to build
+        if not all(plain_greedy(r, p, self.forced_eos) for r, p in zip(rows.reqs, pending)):
+            beams = (self._beam_layout(rows.groups, mode, prev, order) if rows.groups
+                     else None)
+            sampling = SamplingBatch.from_reqs(rows.reqs, self.vocab_size, self.eos_ids,
+                                               self.device, pending=pending, beams=beams,
+                                               forced_eos=self.forced_eos)
+        if mode is ForwardMode.DECODE:
+            batch = decode_batch(rows.reqs, self.memory, sampling)
+        else:
+            batch = ScheduleBatch.extend(rows.reqs, self.memory, sampling)
+        wb: DecoderBatch = batch.worker_batch
+        wb.input_ids_device = input_ids  # the first rows' inputs; the rest are on the host
+        batch.beam_groups = rows.groups
+        return InFlight(batch, self.executor.launch(wb))
+
+    def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
+                     order: torch.Tensor | None) -> dict:
+        """The sampler's beam fields: the buckets of equally shaped groups (in `groups`' order),
+        the rows' running scores (the host's, or those `prev` left on the device), and, in a
+        decode step, what the device needs to choose the beams of groups past their first
+        step and move their pages (`BeamMoves`)."""
+        buckets: list[tuple[int, int, int]] = []
+        for g in groups:
+            shape = (len(g.rows), g.keep)
+            if buckets and buckets[-1][1:] == shape:
+                buckets[-1] = (buckets[-1][0] + 1, *shape)
+            else:
+                buckets.append((1, *shape))
+        rows = sum(len(g.rows) for g in groups)
+        if prev is not None:
+            scores = prev.pending.beam_running_scores
+            scores = scores[order[:rows]] if order is not None else scores[:rows]
+        else:
+            scores = [s for g in groups for s in g.scores]
+        moves = None
+        if mode is ForwardMode.DECODE and any(len(g.rows) > 1 for g in groups):
+            moves = self._beam_moves(groups, 0 if prev is None else 1)
+        return SamplingBatch.beam_layout(scores, buckets, self.device, moves)
+
+    def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
+        ps = self.memory.page_size
+        width = max(len(g.stop_ids) for g in groups)
+        stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
+                                 for g in groups], dtype=torch.int64).view(len(groups), width)
+        all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
+                   .max_new_tokens for g in groups]
+        table_rows, shared_end, copy_len = [], [], []
+        for g in groups:
+            steady = len(g.rows) > 1
+            for r in g.rows:
+                length = r.kv_len + 1 if steady else 0  # positions written after this step
+                table_rows.append(r.req_pool_idx)
+                shared_end.append(length - length % ps)
+                copy_len.append(length % ps)
+        rows = torch.tensor([table_rows, shared_end, copy_len], dtype=torch.int64)
+        rows = rows.to(self.device, non_blocking=True)
+        return BeamMoves(stop_ids.to(self.device, non_blocking=True),
+                         torch.tensor(all_end).to(self.device, non_blocking=True),
+                         rows[0], rows[1], rows[2], max(1, max(copy_len)))

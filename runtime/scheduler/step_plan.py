@@ -1,0 +1,107 @@
+"""Which rows a decoder step computes, and where each row's input token comes from.
+
+The model to move toward is vLLM v1's: no phases, every request has the tokens the host knows
+(`Req.seq_len`) and the positions whose K/V are computed or being computed (`Req.kv_len`);
+a step computes what lies between, and a request in the step in flight has one more token,
+sampled on the device, that the host has not read yet. Today a step has one of two shapes:
+
+- DECODE, one token per row. A row either *continues* the step in flight (its input is the
+  token that step sampled, still on the device) or is *fresh*: exactly one token on the host
+  still to compute (`seq_len - kv_len == 1`). Fresh rows are requests whose last token the
+  host has read, and newly admitted requests whose decoder prompt is one token with nothing
+  cached beyond it (T5's, Marian's start token: `joins_decode`). Both kinds share a batch, so
+  an admitted request becomes one more row of the next decode step: no forward of its own,
+  and the step in flight is not drained for it.
+- EXTEND, several host tokens for some row (a Llama prompt, a forced decoder prefix, a
+  retracted request's recompute, a request that scores its input): every row fresh.
+
+A mixed (chunked) forward would be an EXTEND layout with continuing rows among its rows;
+`StepRows` already says which rows continue and from where.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.req import Req
+
+
+def joins_decode(r: Req) -> bool:
+    """An admitted request whose first forward can be a row of a decode step: one decoder
+    token to compute (the start token, or the last one past a cached prefix), a token wanted,
+    no input to score, and not a beam group's first step (its rows are made on the host)."""
+    return (r.seq_len - r.kv_len == 1 and r.sampling_params.max_new_tokens > 0
+            and not r.wants_input_logprobs and r.beam is None)
+
+
+def overlappable(reqs: list[Req]) -> bool:
+    """Whether a step of these requests may be launched before the host has read the step
+    before. Penalties and n-gram bans read every generated token, and a beam group's first
+    step spawns its rows on the host (past its first step the device chooses its beams,
+    beam_step.py)."""
+    return not any(r.reads_history or (r.beam is not None and len(r.beam.rows) == 1)
+                   for r in reqs)
+
+
+def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = ()) -> bool:
+    """The argmax alone decides this request's next token (`pending`: its tokens sampled on
+    the device that the host has not read); not its last one where the model forces an EOS
+    there (`forced_eos`)."""
+    done = len(r.output_ids) + pending
+    sp = r.sampling_params
+    return (r.plain_greedy and done >= sp.min_new_tokens
+            and not (forced_eos and done + 1 >= sp.max_new_tokens))
+
+
+def rows_ahead(running: list[Req], prev: list[Req], page_size: int
+               ) -> tuple[list[Req], int] | None:
+    """The rows of a decode step launched before the step in flight (of requests `prev`) is
+    read, and the new pages they need; None when some running request cannot run so (it has
+    several tokens to compute). Requests whose token in flight is their last are left out."""
+    in_prev = {id(r) for r in prev}
+    rows, pages = [], 0
+    for r in running:
+        pending = 1 if id(r) in in_prev else 0
+        if not pending and r.seq_len - r.kv_len != 1:
+            return None
+        if len(r.output_ids) + pending < r.sampling_params.max_new_tokens:
+            rows.append(r)
+            pages += r.kv_len == len(r.kv_pages) * page_size  # at a page boundary
+    return rows, pages
+
+
+@dataclass
+class StepRows:
+    """One forward's rows in batch order: the beam groups' rows first, group by group (the
+    sampler reads them as one block, in buckets of equal shape), then the rows that continue
+    the step in flight, then the fresh ones."""
+
+    reqs: list[Req]
+    groups: list[BeamGroup]
+    prev_rows: list[int]  # each continuing row's row in the step in flight (the first rows)
+
+    @property
+    def continuing(self) -> int:
+        return len(self.prev_rows)
+
+    @property
+    def pending(self) -> list[int]:
+        """Each row's tokens sampled on the device and not yet read by the host."""
+        return [1] * self.continuing + [0] * (len(self.reqs) - self.continuing)
+
+
+def lay_out(reqs: list[Req], prev: list[Req] | None) -> StepRows:
+    """Order `reqs` for one forward; `prev`: the requests of the step in flight whose sampled
+    tokens are this step's inputs (None: every input is on the host)."""
+    groups = sorted({id(r.beam): r.beam for r in reqs if r.beam is not None}.values(),
+                    key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes keep order
+    beam_rows = [r for g in groups for r in g.rows]
+    where = {id(r): i for i, r in enumerate(prev or ())}
+    others = [r for r in reqs if r.beam is None]
+    fresh = [r for r in others if id(r) not in where]
+    cont = beam_rows + [r for r in others if id(r) in where]
+    if not where:
+        return StepRows(beam_rows + others, groups, [])
+    assert all(id(r) in where for r in beam_rows), "beam rows continue the step in flight"
+    return StepRows(cont + fresh, groups, [where[id(r)] for r in cont])
