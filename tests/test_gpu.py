@@ -234,13 +234,15 @@ def test_beam_search_matches_hf_with_graphs_in_float32_and_bfloat16(t5_checkpoin
 @pytest.mark.parametrize("name", ["mt5_hf_saved", "t5_gated_tied"])
 def test_beam_matrix_on_the_gpu_in_float32(tmp_path, name):
     """tests/test_beam_matrix.py's matrix with the Triton backend and CUDA graphs: HF's
-    hypotheses, and scores equal to HF's teacher-forced log-probs (1e-3)."""
+    hypotheses, and scores equal to HF's teacher-forced log-probs (1e-3, or 1e-4 of a large
+    score: on an H100 the mT5's 150-token source with length_penalty -0.5 gave -42.6181
+    against HF's -42.6192 with the same tokens, float32 sums in another order)."""
     from pathlib import Path
 
     from seq2serve.tests.test_beam_matrix import check_matrix, write_config
 
     path = write_config(name, Path(tmp_path) / name)
-    check_matrix(path, abs_tol=1e-3, device="cuda", attention_backend="triton",
+    check_matrix(path, abs_tol=1e-3, rel_tol=1e-4, device="cuda", attention_backend="triton",
                  dtype="float32")
 
 
