@@ -320,8 +320,11 @@ def test_translations_with_beams_equal_the_engine(server, engine, model_dir):
 
 
 def test_images_are_capped_per_request_not_per_prompt(model_dir):
-    """Issue 39, item 9: 3 prompts x 2 images is 6 images in one request, over 4."""
-    tm = tokenizer_manager(model_dir, max_images=4)
-    tm.image_processor = object()  # a vision model; the cap is checked before any image
-    with pytest.raises(ValueError, match="6 images in one request.*max_images_per_request"):
+    """Issue 39, item 9: 3 prompts x 2 images is 6 images in one request, over a total of 5,
+    though each prompt is within its own limit of 4; 5 images in one prompt is over that."""
+    tm = tokenizer_manager(model_dir, max_images=4, max_images_total=5)
+    tm.image_processor = object()  # a vision model; the caps are checked before any image
+    with pytest.raises(ValueError, match="6 images in one request.*max_images_per_call"):
         tm._images([["a.png", "b.png"]] * 3)
+    with pytest.raises(ValueError, match="5 images in one prompt.*max_images_per_request"):
+        tm._images([["a.png"] * 5])

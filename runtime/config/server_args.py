@@ -17,7 +17,8 @@ class RequestLimits:
     max_prompt_tokens: int | None = None
     max_new_tokens: int | None = None
     max_n: int = 16
-    max_images: int = 4
+    max_images: int = 4  # in one prompt (the encoder's room is sized for it)
+    max_images_total: int = 64  # in one request, all its prompts together
     max_batch_inputs: int = 1024  # rows: prompts x n x num_beams
     max_stop_chars: int = 1024  # all stop strings' characters together
 
@@ -84,7 +85,8 @@ class ServerArgs:
     timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
     shutdown_grace: float = 30.0  # on SIGTERM: seconds running requests get to finish (503 to new)
     # images (vision models)
-    max_images_per_request: int = 4  # most images in one request
+    max_images_per_request: int = 4  # most images in one prompt (sizes the cross-attention room)
+    max_images_per_call: int = 64  # most images in one request body, all its prompts together
     max_image_pixels: int = 40_000_000  # largest width * height of one image
     allow_remote_media: bool = False  # fetch http(s) image URLs (size-capped, with a timeout)
     allowed_local_media_path: str | None = None  # server: read image file paths under this dir
@@ -191,6 +193,7 @@ class ServerArgs:
         return RequestLimits(max_prompt_tokens=self.max_prompt_tokens,
                              max_new_tokens=self.max_new_tokens_limit, max_n=self.max_n,
                              max_images=self.max_images_per_request,
+                             max_images_total=self.max_images_per_call,
                              max_batch_inputs=self.max_batch_inputs,
                              max_stop_chars=self.max_stop_chars)
 

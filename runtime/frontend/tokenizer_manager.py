@@ -217,10 +217,14 @@ class TokenizerManager:
             return [[] for _ in per_prompt]
         if self.image_processor is None:
             raise ValueError("this model takes no images (image_data was given)")
-        count = sum(map(len, per_prompt))  # per request, all prompts together
-        if count > self.limits.max_images:
-            raise ValueError(f"{count} images in one request, over the limit of "
+        most = max(map(len, per_prompt))
+        if most > self.limits.max_images:
+            raise ValueError(f"{most} images in one prompt, over the limit of "
                              f"{self.limits.max_images} (max_images_per_request)")
+        count = sum(map(len, per_prompt))  # per request, all prompts together
+        if count > self.limits.max_images_total:
+            raise ValueError(f"{count} images in one request (all its prompts), over the "
+                             f"limit of {self.limits.max_images_total} (max_images_per_call)")
 
         def one(i_src):
             i, src = i_src
