@@ -48,10 +48,24 @@ class ServerProcess:
         self.log.flush()
         return self.log_path.read_text()
 
-    def children(self) -> list[int]:
+    def all_children(self) -> list[int]:
+        """Every child process: the runtime's and the body-parsing workers."""
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
                              text=True).stdout
         return [int(p) for p in out.split()]
+
+    def children(self) -> list[int]:
+        """The runtime's children (schedulers, detokenizer), not the HTTP process's forked
+        body-parsing workers."""
+        out = []
+        for pid in self.all_children():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"frontend.child" in f.read():
+                        out.append(pid)
+            except OSError:
+                pass
+        return out
 
     def terminate(self, timeout: float = 20.0) -> int:
         self.proc.send_signal(signal.SIGTERM)

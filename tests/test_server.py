@@ -23,7 +23,7 @@ def server(t5_dir):
     yield srv
     try:
         assert httpx.get(srv.url + "/debug/integrity").json()["ok"]
-        children = srv.children()
+        children = srv.all_children()
         start = time.monotonic()
         assert srv.terminate() == 0, srv.output()  # SIGTERM: clean exit 0
         assert time.monotonic() - start < 15
