@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 38's serving figures on a lent GPU: `seq2serve serve` of a real shape (random weights,
+# bf16), a fixed-concurrency load from client processes with the offline engine on the same
+# workload in the same run, then Poisson arrival rates. Every figure's JSON goes to $OUT.
+#   bash benchmarks/serving_vs_offline.sh [shape] [concurrency] [requests] [in] [out] [rates]
+cd "$(dirname "$0")/.." || exit 1
+source benchmarks/gpu_setup.sh
+SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
+RATES=${6:-"20 40 80"} WORKERS=${WORKERS:-4} PORT=30000
+OUTDIR=${OUT:-/tmp/serving_bench}; mkdir -p "$OUTDIR"
+MODEL=$(python3 -c "from seq2serve.runtime.bench.shapes import write_shape; print(write_shape('$SHAPE', '/tmp/shape-$SHAPE'))")
+S2S="python3 -m seq2serve.runtime.cli"
+$S2S serve --model-path "$MODEL" --load-format dummy --dtype bfloat16 --port $PORT \
+    --mem-fraction 0.45 --max-running-requests "$CONC" ${SERVE_ARGS:-} \
+    >"$OUTDIR/serve_$SHAPE.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; sleep 2; pkill -f "seq2serve.runtime.cli serve" 2>/dev/null' EXIT
+for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    kill -0 $SERVER 2>/dev/null || { tail -40 "$OUTDIR/serve_$SHAPE.log"; exit 1; }
+    sleep 1
+done
+echo "server ready after $SECONDS s"
+# the server processes' CPU while the fixed-concurrency load runs (one snapshot a few s in)
+(sleep 20; top -b -n 1 -w 200 | head -25 >"$OUTDIR/top_c$CONC.txt") &
+$S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
+    --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
+    --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.5}' \
+    --json "$OUTDIR/serving_c$CONC.json" | grep -v '^[ {}"\[]' | head -12
+for RATE in $RATES; do
+    N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")
+    $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" \
+        --input-len "$IN" --output-len "$OUTLEN" --request-rate "$RATE" --workers "$WORKERS" \
+        --json "$OUTDIR/serving_rate$RATE.json" | grep -v '^[ {}"\[]' | head -8
+done
+cat "$OUTDIR/top_c$CONC.txt" 2>/dev/null | sed -n 7,16p
