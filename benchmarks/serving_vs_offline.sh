@@ -26,11 +26,11 @@ echo "server ready after $SECONDS s"
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
     --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.5}' \
-    --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]' | head -12
+    --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
 for RATE in $RATES; do
     N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")
     $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" \
         --input-len "$IN" --output-len "$OUTLEN" --request-rate "$RATE" --workers "$WORKERS" \
-        --json "$OUTDIR/serving_rate$RATE.json" | grep -Ev '^\s*[][{}"0-9-]' | head -8
+        --json "$OUTDIR/serving_rate$RATE.json" | grep -Ev '^\s*[][{}"0-9-]'
 done
 cat "$OUTDIR/top_c$CONC.txt" 2>/dev/null | sed -n 7,16p
