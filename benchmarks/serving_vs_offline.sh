@@ -6,7 +6,7 @@
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
-RATES=${6:-"20 40 80"} WORKERS=${WORKERS:-4} PORT=30000
+RATES=${6:-"20 40 80"} WORKERS=${WORKERS:-8} PORT=30000
 OUTDIR=${OUT:-/tmp/serving_bench}; mkdir -p "$OUTDIR"
 MODEL=$(python3 -c "from seq2serve.runtime.bench.shapes import write_shape; print(write_shape('$SHAPE', '/tmp/shape-$SHAPE'))")
 S2S="python3 -m seq2serve.runtime.cli"
@@ -22,10 +22,14 @@ for _ in $(seq 300); do
 done
 echo "server ready after $SECONDS s"
 # the server processes' CPU while the fixed-concurrency load runs (one snapshot a few s in)
+# and, where py-spy was carried (.whl), where the processes' time goes (collapsed stacks)
 (sleep 20; top -b -n 1 -w 200 | head -25 >"$OUTDIR/top_c$CONC.txt") &
+SPY=/tmp/site/bin/py-spy
+[ -x $SPY ] && (sleep 12; $SPY record -p $SERVER --subprocesses -d 10 -r 200 -f raw \
+    -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
-    --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.5}' \
+    --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.9}' \
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
 for RATE in $RATES; do
     N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")

@@ -1,8 +1,9 @@
 """`bench serving --compare-offline`: the offline engine (`Seq2SeqEngine`, no HTTP) on the
 server's model and the same workload, after the load, in the same run: what the server costs
 over the engine it wraps. The model path comes from the server's /get_model_info. On a GPU
-the server still holds its memory: give the engine what is left (`--engine-args
-'{"mem_fraction": 0.3}'`)."""
+the server still holds its memory: give the engine what is left (`mem_fraction` is the share
+of the device that may be in use once the pools are made: with a server at `--mem-fraction
+0.45`, `--engine-args '{"mem_fraction": 0.9}'`)."""
 
 from __future__ import annotations
 
