@@ -68,6 +68,7 @@ class _ReqState:
     first_token: float | None = None
     last_token: float | None = None
     finished: bool = False
+    held: Any = None  # an error that came behind outputs merged into one piece (_next)
 
 
 class TokenizerManager:
@@ -387,7 +388,21 @@ class TokenizerManager:
             self.pixel_store.release(img.key)
 
     async def _next(self, s: _ReqState) -> TokenOutput:
-        out = await s.queue.get()
+        """The request's next piece: every output that has come for it since the last one,
+        merged. Under load the event loop falls behind the scheduler, and a stream then
+        gets several steps' tokens in one event (one JSON body, one pass through the ASGI
+        stack) instead of one event per token; a token is never held back for this."""
+        out = self._take(s, s.held if s.held is not None else await s.queue.get())
+        s.held = None
+        while out.finished_reason is None and not s.queue.empty():
+            nxt = s.queue.get_nowait()
+            if isinstance(nxt, EngineDeadError) or nxt.error is not None:
+                s.held = nxt  # raised by the next call, after what came before it
+                break
+            out = _merged(out, self._take(s, nxt))
+        return out
+
+    def _take(self, s: _ReqState, out: TokenOutput | EngineDeadError) -> TokenOutput:
         if isinstance(out, EngineDeadError):
             raise out
         if out.error is not None:
@@ -432,25 +447,31 @@ class TokenizerManager:
                         "meta_info": self._meta(s, out, logprob)}
 
     async def _stream(self, states: list[_ReqState], logprob: bool):
+        if len(states) == 1:  # the common case: no task per piece
+            s = states[0]
+            while not s.finished:
+                yield self._chunk(s, await self._next(s), logprob)
+            return
         pending = {asyncio.ensure_future(self._next(s)): s for s in states}
         try:
             while pending:
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
                     s = pending.pop(fut)
-                    out = fut.result()
-                    chunk = {"index": s.index, "text": out.text,
-                             "output_ids": list(out.new_token_ids),
-                             "meta_info": self._meta(s, out, logprob)}
-                    if logprob:
-                        chunk["logprobs"] = out.new_logprobs or []
-                        chunk["top_logprobs"] = out.new_top_logprobs or []
-                    yield chunk
+                    yield self._chunk(s, fut.result(), logprob)
                     if not s.finished:
                         pending[asyncio.ensure_future(self._next(s))] = s
         finally:
             for fut in pending:
                 fut.cancel()
+
+    def _chunk(self, s: _ReqState, out: TokenOutput, logprob: bool) -> dict[str, Any]:
+        chunk = {"index": s.index, "text": out.text, "output_ids": list(out.new_token_ids),
+                 "meta_info": self._meta(s, out, logprob)}
+        if logprob:
+            chunk["logprobs"] = out.new_logprobs or []
+            chunk["top_logprobs"] = out.new_top_logprobs or []
+        return chunk
 
     def _meta(self, s: _ReqState, out: TokenOutput, logprob: bool) -> dict[str, Any]:
         meta = {
@@ -552,3 +573,17 @@ def _check_beams(sp: SamplingParams, obj: GenerateReqInput) -> None:
         if on:
             raise ValueError(f"{name} cannot be combined with num_beams > 1: a beam search "
                              f"result is known only when it ends")
+
+
+def _merged(a: TokenOutput, b: TokenOutput) -> TokenOutput:
+    """Two consecutive outputs of one request as one: `b`'s counts and finish, both pieces'
+    tokens, text and log-probs (the first-output-only fields kept from `a`)."""
+    def joined(x, y):
+        return None if x is None and y is None else (x or []) + (y or [])
+
+    return dataclasses.replace(
+        b, new_token_ids=a.new_token_ids + b.new_token_ids, text=a.text + b.text,
+        new_logprobs=joined(a.new_logprobs, b.new_logprobs),
+        new_top_logprobs=joined(a.new_top_logprobs, b.new_top_logprobs),
+        input_logprobs=b.input_logprobs if b.input_logprobs is not None else a.input_logprobs,
+        detokenize=b.detokenize or a.detokenize)
