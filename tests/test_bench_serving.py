@@ -36,10 +36,11 @@ def test_two_workers_report_merged_figures(server, concurrency, rate):
     assert (res["completed"], res["failed"], res["workers"]) == (6, 0, 2), res["errors"]
     assert res["output_tokens"] == 6 * 5  # the server's usage counts, ignore_eos
     assert res["input_tokens"] > 0 and res["requests_per_s"] > 0
-    for name in ("ttft", "itl", "e2e"):
+    for name in ("ttft", "itl", "tpot", "e2e"):
         f = res[name]
         assert 0 < f["p50_ms"] <= f["p90_ms"] <= f["p99_ms"], name
     assert res["ttft"]["p50_ms"] <= res["e2e"]["p99_ms"]
+    assert 1.0 <= res["tokens_per_event"] <= 5.0  # (5 tokens a stream, at least one event)
     assert len(res["client_cpu_share"]) == 2
 
 

@@ -71,7 +71,8 @@ def print_summary(res: dict) -> None:
     print(f"requests {res['completed']}/{res['requests']} in {res['seconds']:.2f} s "
           f"({res['workers']} client processes): {res['requests_per_s']:.2f} req/s, "
           f"{res['output_tokens_per_s']:.1f} output tok/s", flush=True)
-    for name in ("ttft", "itl", "e2e"):
+    print(f"  {res['tokens_per_event']:.2f} output tokens per streamed event", flush=True)
+    for name in ("ttft", "itl", "tpot", "e2e"):
         f = res[name]
         if f:
             print(f"  {name.upper():4s} mean {f['mean_ms']:9.1f}  p50 {f['p50_ms']:9.1f}  "

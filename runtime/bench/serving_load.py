@@ -22,6 +22,7 @@ class RequestRecord:
     itls: list[float] = field(default_factory=list)
     tokens: int = 0  # output tokens: the server's usage count, else the streamed chunks
     prompt_tokens: int = 0
+    events: int = 0  # SSE events with text (one token each unless the server fell behind)
     error: str = ""
 
 
@@ -82,7 +83,7 @@ async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
                 else:
                     rec.itls.append(now - last)
                 last, chunks = now, chunks + 1
-        rec.tokens = rec.tokens or chunks
+        rec.tokens, rec.events = rec.tokens or chunks, chunks
         rec.ok, rec.e2e = True, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - a failed request is a measurement
         rec.error = f"{type(e).__name__}: {e}"
@@ -131,6 +132,10 @@ def summarize(records: list[RequestRecord], seconds: float) -> dict:
         "output_tokens": tokens, "requests_per_s": len(ok) / seconds,
         "output_tokens_per_s": tokens / seconds,
         "ttft": percentiles([r.ttft for r in ok]),
+        # ITL is per event; an event carries more than one token when the server's HTTP
+        # process fell behind (tokens_per_event > 1), and TPOT is per token: SGLang's pair
         "itl": percentiles([x for r in ok for x in r.itls]),
+        "tpot": percentiles([(r.e2e - r.ttft) / (r.tokens - 1) for r in ok if r.tokens > 1]),
+        "tokens_per_event": tokens / max(1, sum(r.events for r in ok)),
         "e2e": percentiles([r.e2e for r in ok]),
     }
