@@ -23,14 +23,16 @@ done
 echo "server ready after $SECONDS s"
 # the server processes' CPU while the fixed-concurrency load runs (one snapshot a few s in)
 # and, where py-spy was carried (.whl), where the processes' time goes (collapsed stacks)
-(sleep 20; top -b -n 1 -w 200 | head -25 >"$OUTDIR/top_c$CONC.txt") &
+(sleep ${SPY_AT:-3}; top -b -n 1 -w 200 | head -25 >"$OUTDIR/top_c$CONC.txt") &
 SPY=/tmp/site/bin/py-spy
-[ -x $SPY ] && (sleep 12; $SPY record -p $SERVER --subprocesses -d 10 -r 200 -f raw \
+[ -x $SPY ] && (sleep ${SPY_AT:-3}; $SPY record -p $SERVER --subprocesses -d 8 -r 200 -f raw ${SPY_ARGS:-} \
     -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
     --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.9}' \
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
+curl -s "http://127.0.0.1:$PORT/metrics" >"$OUTDIR/metrics_c$CONC.txt"
+curl -s "http://127.0.0.1:$PORT/debug/stats" >"$OUTDIR/stats_c$CONC.json"
 for RATE in $RATES; do
     N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")
     $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" \
