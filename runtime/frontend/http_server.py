@@ -210,12 +210,25 @@ async def _watch(procs: RuntimeProcesses, tm: TokenizerManager, on_child_death) 
         await asyncio.sleep(_WATCH_INTERVAL_S)
 
 
+# the names pydantic gives a union's members in an error's location ("stop.str")
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "none", "list", "dict", "bytes"})
+
+
 def _param_of(exc: RequestValidationError) -> str | None:
+    """The field of the first error as a path ("messages.0.role"), without the union member
+    that pydantic names after it ("stop.str", "stop.list[str]": "stop")."""
     errors = exc.errors()
     if errors and errors[0].get("type") != "json_invalid":
-        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body" and not _is_member(p)]
         return ".".join(loc) or None
     return None
+
+
+def _is_member(part: object) -> bool:
+    """A union member's name (a type: "list[str]", "constrained-str", a model's class name),
+    never a field's (a lowercase identifier) or a list index."""
+    return isinstance(part, str) and (not part.isidentifier() or part[0].isupper()
+                                      or part in _TYPE_NAMES)
 
 
 def _describe(exc: RequestValidationError) -> str:
@@ -224,6 +237,8 @@ def _describe(exc: RequestValidationError) -> str:
         loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
         if e.get("type") == "json_invalid":
             parts.append(f"malformed JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+        elif e.get("type") == "extra_forbidden":
+            parts.append(f"{loc}: unknown field (this endpoint does not take it)")
         elif loc:
             parts.append(f"{loc}: {e.get('msg')}")
         else:

@@ -1,4 +1,8 @@
-"""Request bodies of the HTTP API (OpenAI-compatible, SGLang-native, translations)."""
+"""Request bodies of the HTTP API (OpenAI-compatible, SGLang-native, translations).
+
+No field is silently ignored: every body refuses an unknown field (`extra="forbid"`: a 400
+naming it), and a field a body declares only to refuse it is in its `REFUSED` table
+(`refused_fields.py`): a 400 naming it unless its value asks for nothing this server lacks."""
 
 from __future__ import annotations
 
@@ -7,13 +11,15 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from seq2serve.runtime.frontend.generate_request import invalid_text
+from seq2serve.runtime.frontend.refused_fields import GRAMMAR, TOOLS, Refused
 
 Stop = str | list[str] | None
 Language = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it
+    REFUSED: ClassVar[dict[str, Refused]] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -43,12 +49,28 @@ class SGLangExtras(_Body):
 
 
 class StreamOptions(_Body):
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "include_obfuscation": Refused("streamed events carry no obfuscation padding here",
+                                       (None, False)),
+    }
     include_usage: bool = False
+    include_obfuscation: Any = None
 
 
 class _OpenAISampling(SGLangExtras):
     """The fields completions and chat completions share. `n` has no upper bound here: the
-    server's --max-n limit applies (a 400 naming it)."""
+    server's --max-n limit applies (a 400 naming it). `user` keys the caches under cache
+    isolation and the namespace of rids (README: "Caches")."""
+
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "logit_bias": Refused("the sampler has no per-token bias yet", (None, {})),
+        "response_format": Refused(GRAMMAR + '; only {"type": "text"}',
+                                   (None, {"type": "text"})),
+        # SGLang's grammar fields, and SGLang's and vLLM's admission priority
+        "regex": Refused(GRAMMAR), "ebnf": Refused(GRAMMAR), "json_schema": Refused(GRAMMAR),
+        "priority": Refused("the scheduler admits requests first come, first served (it has no "
+                            "priority policy)"),
+    }
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -61,36 +83,123 @@ class _OpenAISampling(SGLangExtras):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     user: str | None = None
+    # refused by name (REFUSED)
     logit_bias: dict[str, float] | None = None
+    response_format: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    json_schema: Any = None
+    priority: Any = None
 
 
 class CompletionRequest(_OpenAISampling):
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        **_OpenAISampling.REFUSED,
+        "echo": Refused("the prompt is not returned with the completion (for an "
+                        "encoder-decoder model it is the encoder's input, not the output's "
+                        "start)", (None, False)),
+        "suffix": Refused("insertion (text after the completion) is not implemented",
+                          (None, "")),
+        "best_of": Refused("the server returns every sample it draws: best_of may only equal n",
+                           lambda value, body: value is None or value == body.n),
+    }
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
 
 
 class ChatMessage(_Body):
+    """A message: its role and content go through the chat template; the fields a message of
+    tool calling or of audio has are refused by name."""
+
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "name": Refused("the chat template gets a message's role and content only; put the "
+                        "name in the content"),
+        "tool_calls": Refused(TOOLS, (None, [])),
+        "tool_call_id": Refused(TOOLS),
+        "function_call": Refused(TOOLS),
+        "audio": Refused("these models take and make no audio"),
+        "refusal": Refused("a refusal is not rendered into the prompt; send it as content"),
+    }
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    # refused by name (REFUSED)
+    name: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    function_call: Any = None
+    audio: Any = None
+    refusal: Any = None
+
+
+_PROMPT_CACHE_DEFAULTS = ({}, {"mode": "implicit"}, {"ttl": "30m"},
+                          {"mode": "implicit", "ttl": "30m"})
 
 
 class ChatCompletionRequest(_OpenAISampling):
+    """Chat completions. Accepted and not used, as they change nothing a response holds:
+    `metadata` (nothing is stored), `safety_identifier` (no abuse detection here) and
+    `prompt_cache_key` (the prefix cache matches any prompt by itself; `user` keys it)."""
+
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        **_OpenAISampling.REFUSED,
+        "tools": Refused(TOOLS, (None, [])),
+        "tool_choice": Refused(TOOLS + '; only "none"', (None, "none")),
+        "functions": Refused(TOOLS, (None, [])),
+        "function_call": Refused(TOOLS + '; only "none"', (None, "none")),
+        "parallel_tool_calls": Refused(TOOLS),
+        "audio": Refused("these models make no audio"),
+        "modalities": Refused('text is the only output: only ["text"]', (None, ["text"])),
+        "prediction": Refused("predicted outputs are not implemented"),
+        "web_search_options": Refused("no web search here"),
+        "moderation": Refused("no moderation model runs here"),
+        "service_tier": Refused('one service tier here: only "auto" or "default"',
+                                (None, "auto", "default")),
+        "store": Refused("nothing is stored here: only false", (None, False)),
+        "reasoning_effort": Refused('these models do not reason: only "none"', (None, "none")),
+        "verbosity": Refused('these models have no verbosity control: only "medium" (the '
+                             'default)', (None, "medium")),
+        "prompt_cache_retention": Refused(
+            "the caches here evict the least recently used entries when memory runs short, "
+            "with no time bound (/flush_cache empties them)"),
+        "prompt_cache_options": Refused(
+            "prefix caching here is automatic (no breakpoints) and has no time bound: only "
+            'the defaults (mode "implicit", ttl "30m")', (None, *_PROMPT_CACHE_DEFAULTS)),
+    }
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    # accepted, not used (see the docstring)
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # refused by name (REFUSED)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    service_tier: Any = None
+    store: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
 
 
 class GenerateRequest(_Body):
     """SGLang's native /generate request."""
 
-    model_config = ConfigDict(extra="forbid")
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     decoder_input_ids: list[int] | list[list[int]] | None = None
@@ -106,16 +215,16 @@ class GenerateRequest(_Body):
 
 
 class TranslationRequest(_Body):
-    """No field is silently ignored: an unknown one is a 400 naming it, and the sampling
-    fields a translation cannot honour (several results per input, log-probs) are refused
-    by name (`REFUSED`)."""
+    """The sampling fields a translation cannot honour (several results per input, log-probs)
+    are refused by name (`REFUSED`), as unknown fields are."""
 
-    model_config = ConfigDict(extra="forbid")
-    REFUSED: ClassVar[dict[str, str]] = {
-        "n": "one translation per input; send the input again for another",
-        "num_return_sequences": "one translation per input (the beam search's best)",
-        "logprobs": "translations do not return log-probs; use /generate",
-        "best_of": "one translation per input",
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "n": Refused("one translation per input; send the input again for another", (None, 1)),
+        "num_return_sequences": Refused("one translation per input (the beam search's best)",
+                                        (None, 1)),
+        "logprobs": Refused("translations do not return log-probs; use /generate",
+                            (None, False)),
+        "best_of": Refused("one translation per input", (None, 1)),
     }
     model: str | None = None
     input: str | list[str]
@@ -145,7 +254,6 @@ class TranslationRequest(_Body):
 class TokenizeRequest(_Body):
     """vLLM's /tokenize body; `prompt` may also be a list (then lists come back)."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | list[str]
     add_special_tokens: bool = True

@@ -22,6 +22,7 @@ from seq2serve.runtime.frontend.openai_protocol import (
     TranslationRequest,
 )
 from seq2serve.runtime.frontend.prompts import chat_prompt
+from seq2serve.runtime.frontend.refused_fields import first_refusal
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
 from seq2serve.runtime.frontend.translation import (
     default_num_beams,
@@ -133,11 +134,13 @@ class OpenAIServing:
         return body.n * (body.num_return_sequences or 1)
 
     @staticmethod
-    def unsupported(body, names: dict[str, Any]) -> None:
-        for name, ok in names.items():
-            value = getattr(body, name, None)
-            if value is not None and value is not False and value != ok and value != {}:
-                raise RequestError(f"{name} is not supported", param=name)
+    def refuse(body, endpoint: str) -> None:
+        """A 400 naming the first field of `body` that asks for what this server does not
+        implement (the bodies' `REFUSED` tables)."""
+        found = first_refusal(body)
+        if found is not None:
+            param, why = found
+            raise RequestError(f"{param} is not supported by {endpoint}: {why}", param=param)
 
     async def collect(self, obj: GenerateReqInput, request: Request) -> list[dict[str, Any]]:
         """All results of `obj`, aborting them if the client goes away meanwhile."""
@@ -174,8 +177,7 @@ class OpenAIServing:
     # --- /v1/completions ---------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
-        self.unsupported(body, {"echo": False, "suffix": None, "logit_bias": None,
-                                "best_of": body.n})
+        self.refuse(body, "/v1/completions")
         prompt = body.prompt
         if isinstance(prompt, list) and not prompt:
             raise RequestError("prompt is an empty list", param="prompt")
@@ -251,11 +253,12 @@ class OpenAIServing:
     # --- /v1/chat/completions ----------------------------------------------------------------
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
-        self.unsupported(body, {"logit_bias": None, "tools": None})
+        self.refuse(body, "/v1/chat/completions")
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         self.check_beams(body, body.logprobs)
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        messages = [m.model_dump(include={"role", "content"}, exclude_none=True)
+                    for m in body.messages]
         for m in messages:
             m.setdefault("content", "")
         prompt = await asyncio.get_running_loop().run_in_executor(
@@ -364,11 +367,7 @@ class OpenAIServing:
         for i, t in enumerate(texts):
             if not t:
                 raise RequestError(f"input[{i}] is empty", param="input")
-        for name, why in body.REFUSED.items():
-            value = getattr(body, name)
-            if value is not None and value is not False and (name == "logprobs" or value != 1):
-                raise RequestError(f"{name} is not supported by /v1/translations: {why}",
-                                   param=name)
+        self.refuse(body, "/v1/translations")
         sp = {k: v for k, v in (("max_new_tokens", body.max_tokens),
                                 ("temperature", body.temperature),
                                 ("top_p", body.top_p), ("seed", body.seed), ("stop", body.stop),
