@@ -21,6 +21,15 @@ it (exact in x's dtype, slower than float32 on a CPU: docs/quantization.md).
 Layers keep calling `ops.linear(x, weight, bias)`: the weight tensor they pass is looked up
 by identity. A weight that was not packed (another dtype, a `QuantizedWeight`) runs as the
 reference runs it. Weights must not change after `warm` (nothing in the runtime changes them).
+
+Host memory per product shape: oneDNN builds a primitive for each (rows, weight shape) it is
+given, and both its primitive cache and PyTorch's ideep layer over it keep it (LRUs of 1,024
+entries: ONEDNN_PRIMITIVE_CACHE_CAPACITY, LRU_CACHE_CAPACITY), about 0.55 MB of heap per shape
+(torch 2.13, AVX-512: 400 new row counts of one weight, +225 MB; 1,600: 451 MB, flat from about
+1,100). Every new batch size or encoder batch length is a new shape, so a CPU scheduler grows by
+up to ~0.45 GB over its first thousands of requests (`cached_shapes`; docs/reliability.md).
+Rows padded to fewer shapes cost 7-42 % a product (the input's copy); caches capped at 256
+doubled an 8,000-request run's time (primitives rebuilt, 0.5-1 ms each).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from seq2serve.models.quantized_weight import QuantizedWeight
 from seq2serve.runtime.kernels.activations import torch_activation
 
 _INT8_ENGINES = ("x86", "fbgemm")  # the dynamic int8 linear's x86 back ends
+_CACHED_SHAPES = 1024  # oneDNN's and ideep's caches: shapes kept (their default capacity)
 
 
 def int8_activations_available() -> bool:
@@ -64,6 +74,8 @@ class OneDnnOps(TorchOps):
         # id(weight) -> (weight, its packed copy); the weight is held so its id stays its own
         self._packed: dict[int, tuple[torch.Tensor | QuantizedWeight, torch.Tensor]] = {}
         self._int8: dict[int, tuple[QuantizedWeight, object]] = {}  # fbgemm's packed params
+        # (rows, out, in, bias) of the products run: the primitives oneDNN holds, up to its cap
+        self._shapes: set[tuple[int, int, int, bool]] = set()
 
     @torch.inference_mode()
     def warm(self, model: nn.Module) -> None:
@@ -89,6 +101,12 @@ class OneDnnOps(TorchOps):
                 continue
             self._packed[id(w)] = (w, torch.ops.mkldnn._reorder_linear_weight(dense))
 
+    @property
+    def cached_shapes(self) -> int:
+        """Product shapes run through oneDNN (counted up to its caches' 1,024): the host memory
+        its primitives hold, about 0.55 MB each while the caches fill."""
+        return len(self._shapes)
+
     def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         """act(gate) * up, the product written into act(gate)'s buffer (the reference's
         arithmetic; one [rows, d_ff] buffer fewer: the encoder's are 8 MB at t5-small's
@@ -101,6 +119,8 @@ class OneDnnOps(TorchOps):
             return super().linear(x, weight, bias)
         packed = self._packed.get(id(weight))
         if packed is not None:
+            if len(self._shapes) < _CACHED_SHAPES:
+                self._shapes.add((x.numel() // x.shape[-1], *weight.shape, bias is not None))
             return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
         int8 = self._int8.get(id(weight))
         if int8 is not None:

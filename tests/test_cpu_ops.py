@@ -49,6 +49,22 @@ def test_what_was_not_packed_runs_as_the_reference():
     assert id(layer.weight) not in ops._packed
 
 
+def test_cached_shapes_count_the_products_onednn_keeps():
+    """oneDNN keeps a primitive (about 0.55 MB of host heap) per product shape it is given:
+    rows by weight shape, whatever the layer; /debug/stats reports the count."""
+    a, b, c = Linear(32, 16), Linear(32, 16), Linear(32, 8)
+    ops = OneDnnOps()
+    for layer in (a, b, c):
+        use_ops(layer, ops)
+        ops.warm(layer)
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 2, 1):
+            a(torch.randn(rows, 32))
+            b(torch.randn(1, rows, 32))  # the same shapes: a's primitives
+        c(torch.randn(5, 32))
+    assert ops.cached_shapes == 4  # 1, 2 and 3 rows of 32 -> 16; 5 rows of 32 -> 8
+
+
 def test_a_float32_cpu_model_packs_every_linear_weight(t5_dir):
     from seq2serve.models.loader import load_model
     from seq2serve.runtime.config.model_config import ModelConfig

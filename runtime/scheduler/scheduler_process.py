@@ -132,7 +132,8 @@ class SchedulerLoop:
                 s.check_integrity()
                 return ControlReply(msg.kind, msg.tag, True, {"idle": not s.has_work})
             if msg.kind == "stats":
-                return ControlReply(msg.kind, msg.tag, True, {**s.stats(), **s.worker.layout()})
+                return ControlReply(msg.kind, msg.tag, True, {**s.stats(), **s.worker.layout(),
+                                                              **s.worker.host_caches()})
             if msg.kind == "flush_cache":
                 return ControlReply(msg.kind, msg.tag, s.flush_cache())
         except AssertionError as e:
