@@ -197,6 +197,13 @@ class _Recorder:
     """A TokenizerManager that records what it is asked and answers one result per prompt."""
 
     languages = None  # the TokenizerManager's for a model with a prompt template (T5)
+    limits = RequestLimits()
+
+    def source_token_limit(self, max_new_tokens: int) -> int:  # what a document's pieces fit
+        return 512
+
+    def tokenize_texts(self, texts: list[str]) -> list[list[str]]:
+        return [t.split() for t in texts]
 
     def __init__(self) -> None:
         self.asked: list[GenerateReqInput] = []

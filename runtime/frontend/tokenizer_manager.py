@@ -278,6 +278,16 @@ class TokenizerManager:
             return self.info["max_encoder_len"], "max_encoder_len"
         return self.info["context_length"], "context_length"
 
+    def source_token_limit(self, max_new_tokens: int) -> int:
+        """The most tokens a prompt (an encoder-decoder model's encoder input) may have and
+        still pass every check of a request generating `max_new_tokens` (a document's
+        sentences are cut to fit it): this deployment's limit, the model's, the pools'."""
+        limit, _ = self.prompt_token_limit()
+        lim = self.model_limits
+        if self.is_encoder_decoder:
+            return min(limit, lim.max_encoder_len, lim.cross_capacity_tokens)
+        return min(limit, min(lim.context_length, lim.kv_capacity_tokens) - max_new_tokens)
+
     def _token_ids(self, item: dict[str, Any],
                    forced: int = 0) -> tuple[list[int], list[int], int]:
         """(encoder ids, decoder prompt, its forced tokens: TokenizedRequest.decoder_forced).
