@@ -1,6 +1,6 @@
 """Translating documents (issue 42): a request's inputs as documents of one format (text,
-markdown, html), their pieces (`documents/`) sent as one batch through `translation_input`,
-and the results put back into each document.
+markdown, html), their pieces (`documents/`) tokenized together (`SourceEncoder`) and sent
+as one batch, and the results put back into each document.
 
 A document that is one piece, itself (a short text input, as `/v1/translations` took before
 documents), is one request whose result is returned as it is; repeats of such inputs stay
@@ -10,24 +10,24 @@ document are sent once per distinct (text, target language) when decoding is det
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.frontend.documents.document_pieces import (
     FORMATS,
-    document_pieces,
+    cut_to_fit,
+    document_sentences,
     encoder_of,
 )
 from seq2serve.runtime.frontend.documents.document_stream import DocumentEvent, DocumentStream
 from seq2serve.runtime.frontend.documents.piece_batch import PieceBatch
 from seq2serve.runtime.frontend.documents.pieces import Piece, reassemble
 from seq2serve.runtime.frontend.documents.sentences import segmenter_language
-from seq2serve.runtime.frontend.generate_request import GenerateReqInput
-from seq2serve.runtime.frontend.prompts import translation_prompt
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput, invalid_text
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
-from seq2serve.runtime.frontend.translation import translation_input
+from seq2serve.runtime.frontend.translation import SourceEncoder, translation_request
 
 _NOTHING_TO_TRANSLATE = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
                          "finish_reason": {"type": "stop"}, "pieces": 0}
@@ -93,6 +93,56 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
     translated: documents count against max_batch_inputs as inputs did, and each against
     max_document_chars."""
     documents = inputs if isinstance(inputs, list) else [inputs]
+    targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(documents)
+    _check(tm, documents, fmt, targets, sampling_params)
+    encoders = {t: SourceEncoder(tm, model_path, source_lang, t) for t in dict.fromkeys(targets)}
+    language = segmenter_language(source_lang)
+    sentences = [document_sentences(doc, fmt, language) for doc in documents]
+    encoded = _Encoded(encoders, tm.source_token_limit(_max_new_tokens(tm, sampling_params)))
+    encoded.add([(s.text, t) for ss, t in zip(sentences, targets) for s in ss])
+    pieces = []
+    for i, (doc, ss, target) in enumerate(zip(documents, sentences, targets)):
+        try:
+            pieces.append([p for s in ss for p in encoded.fitting(doc, s, fmt, target)])
+        except ValueError as e:
+            raise ValueError(f"input[{i}]: {e}") from None
+    repeatable = _deterministic(sampling_params)
+    shared = [repeatable and not _is_itself(doc, p, fmt) for doc, p in zip(documents, pieces)]
+    batch = PieceBatch.of(pieces, targets, shared)
+    request = None
+    if batch.sources:
+        request = translation_request(
+            [encoded.ids[(s, t)] for s, t in zip(batch.sources, batch.targets)],
+            [encoders[t].decoder_prompt for t in batch.targets], sampling_params, stream, user)
+    return DocumentJob(documents, fmt, pieces, batch, request)
+
+
+class _Encoded:
+    """Every sentence's encoder input, tokenized in one call per target language; a sentence
+    over the input limit is cut at clause boundaries (its pieces tokenized as it is cut)."""
+
+    def __init__(self, encoders: dict[str, SourceEncoder], limit: int) -> None:
+        self.encoders, self.limit = encoders, limit
+        self.ids: dict[tuple[str, str], list[int]] = {}  # (text, target) -> encoder input
+
+    def add(self, keys: list[tuple[str, str]]) -> None:
+        todo = [k for k in dict.fromkeys(keys) if k not in self.ids]
+        for target, encoder in self.encoders.items():
+            texts = [text for text, t in todo if t == target]
+            self.ids.update(zip(((text, target) for text in texts), encoder.encode(texts)))
+
+    def fits(self, text: str, target: str) -> bool:
+        self.add([(text, target)])
+        return len(self.ids[(text, target)]) <= self.limit
+
+    def fitting(self, doc: str, sentence: Piece, fmt: str, target: str) -> list[Piece]:
+        if len(self.ids[(sentence.text, target)]) <= self.limit:
+            return [sentence]
+        return cut_to_fit(doc, sentence, fmt, lambda text: self.fits(text, target))
+
+
+def _check(tm: TokenizerManager, documents: list, fmt: str, targets: list,
+           sampling_params: dict[str, Any]) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     for name in ("n", "num_return_sequences"):
@@ -104,7 +154,6 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
     if len(documents) > limits.max_batch_inputs:
         raise ValueError(f"input has {len(documents)} documents, over this server's limit of "
                          f"{limits.max_batch_inputs} (max_batch_inputs)")
-    targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(documents)
     if len(targets) != len(documents):
         raise ValueError(f"target_lang has {len(targets)} entries for {len(documents)} inputs")
     for i, doc in enumerate(documents):
@@ -114,52 +163,9 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
             raise ValueError(f"input[{i}] is {len(doc)} characters, over this server's limit "
                              f"of {limits.max_document_chars} characters per document "
                              f"(max_document_chars)")
-    language = segmenter_language(source_lang)
-    max_new = _max_new_tokens(tm, sampling_params)
-    fits: dict[str, Callable[[str], bool]] = {}
-    pieces = []
-    for i, (doc, target) in enumerate(zip(documents, targets)):
-        if target not in fits:
-            fits[target] = source_fits(tm, model_path, source_lang, target, max_new)
-        try:
-            pieces.append(document_pieces(doc, fmt, language, fits[target]))
-        except ValueError as e:
-            raise ValueError(f"input[{i}]: {e}") from None
-    repeatable = _deterministic(sampling_params)
-    shared = [repeatable and not _is_itself(doc, p, fmt) for doc, p in zip(documents, pieces)]
-    batch = PieceBatch.of(pieces, targets, shared)
-    request = None
-    if batch.sources:
-        request = translation_input(tm, model_path, batch.sources, source_lang, batch.targets,
-                                    sampling_params, stream, user)
-    return DocumentJob(documents, fmt, pieces, batch, request)
-
-
-def source_fits(tm: TokenizerManager, model_path: str, source_lang: str, target_lang: str,
-                max_new_tokens: int) -> Callable[[str], bool]:
-    """Whether a text, as the source of a translation into `target_lang`, is within the
-    model's input limit (its prompt or language tokens included)."""
-    limit = tm.source_token_limit(max_new_tokens)
-    langs = tm.languages
-    if langs is None:
-        def length(text: str) -> int | None:
-            prompt = translation_prompt(model_path, text, source_lang, target_lang)
-            try:
-                return len(tm.tokenize_texts([prompt])[0])
-            except ValueError:  # more characters than `limit` tokens can hold
-                return None
-    else:
-        source = langs.resolve(source_lang, "source_lang")
-        target = langs.resolve(target_lang, "target_lang")
-
-        def length(text: str) -> int | None:
-            return len(langs.source_ids(text, source, target))
-
-    def fits(text: str) -> bool:
-        n = length(text)
-        return n is not None and n <= limit
-
-    return fits
+        problem = invalid_text(doc, f"input[{i}]")
+        if problem:
+            raise ValueError(problem)
 
 
 def _is_itself(document: str, pieces: list[Piece], fmt: str) -> bool:

@@ -256,6 +256,17 @@ class TokenizerManager:
                              f"of at most {self.max_token_chars} characters can hold "
                              f"({limit_name})")
 
+    def prompt_ids_many(self, texts: list[str]) -> list[list[int]]:
+        """Each prompt's token ids as generate makes them from its text, in one tokenizer
+        call where the model takes no images (a translation's many sentences)."""
+        for i, t in enumerate(texts):
+            problem = invalid_text(t, f"text[{i}]")
+            if problem:
+                raise ValueError(problem)
+        if self.image_processor is not None or not texts:
+            return [self._prompt_ids(t) for t in texts]
+        return self.tokenizer(list(texts)).input_ids
+
     def _prompt_ids(self, text: str) -> list[int]:
         self.check_text(text)
         if self.image_processor is None:

@@ -31,21 +31,39 @@ def encoder_of(fmt: str) -> Callable[[str], str]:
     return encode_text if fmt == "html" else _same
 
 
+def document_sentences(document: str, fmt: str, language: str) -> list[Piece]:
+    """The sentences of `document`'s text runs (sentencex rules for `language`, an ISO 639-1
+    code), in order, as pieces."""
+    decode = decode_text if fmt == "html" else _same
+    out = []
+    for run in text_runs(document, fmt):
+        for start, end in sentence_spans(document, run, language):
+            text = decode(document[start:end])
+            if has_words(text):
+                out.append(Piece(start, end, text))
+    return out
+
+
+def cut_to_fit(document: str, sentence: Piece, fmt: str,
+               fits: Callable[[str], bool]) -> list[Piece]:
+    """A sentence that does not fit the model's input, as clause-bounded pieces that each
+    `fits` (their text, as the model gets it)."""
+    decode = decode_text if fmt == "html" else _same
+    out = []
+    for start, end in fitting_spans(document, (sentence.start, sentence.end),
+                                    lambda raw: fits(decode(raw))):
+        text = decode(document[start:end])
+        if has_words(text):
+            out.append(Piece(start, end, text))
+    return out
+
+
 def document_pieces(document: str, fmt: str, language: str,
                     fits: Callable[[str], bool]) -> list[Piece]:
-    """The pieces of `document` to translate, in order: sentences (sentencex rules for
-    `language`, an ISO 639-1 code) of its text runs, each cut at clause boundaries until
-    `fits` its text."""
-    decode = decode_text if fmt == "html" else _same
-    pieces = []
-    for run in text_runs(document, fmt):
-        for sentence in sentence_spans(document, run, language):
-            for start, end in fitting_spans(document, sentence,
-                                            lambda raw: fits(decode(raw))):
-                text = decode(document[start:end])
-                if has_words(text):
-                    pieces.append(Piece(start, end, text))
-    return pieces
+    """The pieces of `document` to translate, in order: its sentences, each cut at clause
+    boundaries when it does not `fits` (one call of `fits` per sentence that does)."""
+    return [p for s in document_sentences(document, fmt, language)
+            for p in ([s] if fits(s.text) else cut_to_fit(document, s, fmt, fits))]
 
 
 def _same(text: str) -> str:
