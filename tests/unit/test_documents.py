@@ -257,3 +257,37 @@ def test_hostile_documents_take_linear_time(fmt):
 def test_pieces_must_not_overlap():
     with pytest.raises(AssertionError):
         reassemble("abcdef", [Piece(0, 3, "abc"), Piece(2, 4, "cd")], ["x", "y"])
+
+
+# --- any input ---------------------------------------------------------------------------------
+_MARKUP = list("<>/!-[]()`*_~#>|\\&;:=\"' \n\t.,?x1é中") + [
+    "<!--", "-->", "```", "    ", "<a href='x'>", "</a>", "<script>", "</script>", "<pre>",
+    "&amp;", "&#39;", "https://e.com/x", "![i](s)", "[t](u)", "- ", "1. ", "> ",
+    "| a | b |\n|---|---|\n", "<![CDATA[", "]]>", "<?x ?>", "---\n", "Dr. A. ", "word ",
+    "<![foo[", "<!-- x", "~~~\n"]
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html", "text"])
+def test_any_document_gives_ordered_pieces_and_keeps_the_rest(fmt):
+    """Random documents of markup fragments (hypothesis): a ValueError at most (HTML the
+    parser refuses), else pieces in order, not overlapping, with words, that fit; and the
+    document is itself again when each piece is replaced by its own raw characters."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=500, deadline=None, derandomize=True)
+    @given(st.lists(st.sampled_from(_MARKUP), max_size=60).map("".join))
+    def check(doc):
+        try:
+            pieces = document_pieces(doc, fmt, "en", _chars(12))
+        except ValueError as e:
+            assert fmt == "html" and "not parseable as HTML" in str(e)
+            return
+        pos = 0
+        for p in pieces:
+            assert pos <= p.start < p.end <= len(doc)
+            assert len(p.text) <= 12 and any(c.isalnum() for c in p.text)
+            pos = p.end
+        assert reassemble(doc, pieces, [doc[p.start:p.end] for p in pieces]) == doc
+
+    check()
