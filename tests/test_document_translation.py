@@ -129,6 +129,8 @@ def test_200_documents_with_repeats_in_one_call(server):
     after = _stats(server)
     # each distinct sentence was encoded once: the repeats were not sent again
     assert after["encoder_inputs"] - before["encoder_inputs"] == len(distinct)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert f"seq2serve_encoder_inputs {float(after['encoder_inputs'])}" in metrics
     oracle = _oracle(server, every)
     for mine, data in zip(sentences, r.json()["data"]):
         assert data["translation"] == join_sentences([oracle[s] for s in mine])
