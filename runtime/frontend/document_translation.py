@@ -25,7 +25,11 @@ from seq2serve.runtime.frontend.documents.document_stream import DocumentEvent, 
 from seq2serve.runtime.frontend.documents.piece_batch import PieceBatch
 from seq2serve.runtime.frontend.documents.pieces import Piece, reassemble
 from seq2serve.runtime.frontend.documents.sentences import segmenter_language
-from seq2serve.runtime.frontend.generate_request import GenerateReqInput, invalid_text
+from seq2serve.runtime.frontend.generate_request import (
+    GenerateReqInput,
+    invalid_text,
+    rows_per_prompt,
+)
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 from seq2serve.runtime.frontend.translation import SourceEncoder, translation_request
 
@@ -109,6 +113,11 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
     repeatable = _deterministic(sampling_params)
     shared = [repeatable and not _is_itself(doc, p, fmt) for doc, p in zip(documents, pieces)]
     batch = PieceBatch.of(pieces, targets, shared)
+    rows = len(batch.sources) * rows_per_prompt(sampling_params)
+    if rows > tm.limits.max_batch_inputs:
+        raise ValueError(f"input: the documents hold {len(batch.sources)} sentences to "
+                         f"translate ({rows} rows with the beams), over this server's limit of "
+                         f"{tm.limits.max_batch_inputs} (max_batch_inputs) for one request")
     request = None
     if batch.sources:
         request = translation_request(
