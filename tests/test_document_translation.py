@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import time
 
 import httpx
 import pytest
@@ -157,6 +158,21 @@ def test_documents_stream_in_order_and_concatenate_to_the_whole(server):
         finishes[d["index"]] += d["finish_reason"] is not None
     assert [texts[i] for i in range(len(docs))] == whole
     assert all(n == 1 for n in finishes.values())
+
+
+def test_a_client_that_leaves_a_document_stream_aborts_its_sentences(server):
+    """Left alone, the document's ~500 sampled sentences run for about 5 s more."""
+    doc = markdown_sample(5000).document
+    with httpx.Client(timeout=httpx.Timeout(5.0)) as c:
+        with c.stream("POST", server.url + "/v1/translations", json={
+                **LANGS, "max_tokens": 128, "input": doc, "format": "markdown",
+                "stream": True, "temperature": 2.0, "seed": 3}) as r:
+            assert r.status_code == 200
+            next(r.iter_bytes())  # the first event; then hang up
+    start = time.monotonic()
+    while (s := _stats(server))["running_requests"] or s["waiting_requests"]:
+        assert time.monotonic() - start < 1.5, s
+        time.sleep(0.05)
 
 
 # --- sentences over the input limit, documents over the size limit -----------------------------

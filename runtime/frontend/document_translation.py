@@ -66,7 +66,8 @@ class DocumentJob:
         """Each document's text in order as the sources' chunks (generate's stream, "index"
         naming the source) come: {"index", "text", "meta_info": {"finish_reason"}} events
         whose texts concatenate to each document's translation; a document's last event has
-        its finish reason (the first "length" among its pieces'), the others None."""
+        its finish reason (the first "length" among its pieces'), the others None. Closing
+        this closes `chunks`."""
         stream = DocumentStream(self.documents, self.pieces, self.batch, encoder_of(self.fmt))
         reasons: dict[int, dict] = {}
 
@@ -80,12 +81,15 @@ class DocumentJob:
             yield shaped(event)
         if chunks is None:
             return
-        async for chunk in chunks:
-            reason = chunk["meta_info"]["finish_reason"]
-            if reason is not None:
-                reasons[chunk["index"]] = reason
-            for event in stream.feed(chunk["index"], chunk["text"], reason is not None):
-                yield shaped(event)
+        try:
+            async for chunk in chunks:
+                reason = chunk["meta_info"]["finish_reason"]
+                if reason is not None:
+                    reasons[chunk["index"]] = reason
+                for event in stream.feed(chunk["index"], chunk["text"], reason is not None):
+                    yield shaped(event)
+        finally:  # a caller that stops reading closes the chunks: their requests abort
+            await chunks.aclose()
 
 
 def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str], fmt: str,
