@@ -197,13 +197,20 @@ class _Recorder:
     """A TokenizerManager that records what it is asked and answers one result per prompt."""
 
     languages = None  # the TokenizerManager's for a model with a prompt template (T5)
+    limits = RequestLimits()
+
+    def source_token_limit(self, max_new_tokens: int) -> int:  # what a document's pieces fit
+        return 512
+
+    def prompt_ids_many(self, texts: list[str]) -> list[list[int]]:
+        return [[0] * len(t.split()) for t in texts]
 
     def __init__(self) -> None:
         self.asked: list[GenerateReqInput] = []
 
     async def generate(self, obj):
         self.asked.append(obj)
-        for _ in obj.text:
+        for _ in obj.input_ids:  # one per source, tokenized by the fake above
             yield {"text": "x", "meta_info": {"finish_reason": {"type": "length"},
                                               "prompt_tokens": 3, "completion_tokens": 1}}
 

@@ -37,6 +37,8 @@ EXPECTED = [
     ("OpenAI(", "one thousand nine hundred eighty-four\nforty-two\n"),
     ("write_mllama_checkpoint", "["),
     ('"beam_size": 4', "two thousand twenty-four"),
+    ('"format": "markdown"', "- [ninety thousand two hundred ten](https://example.com/7)"),
+    ('"format": "markdown"', "# one thousand nine hundred eighty-four\\n\\n- forty-two `x = 7`"),
     ("num_return_sequences", "one thousand nine hundred eighty-four"),
     ("engine.check_integrity()", "{'idle': True}"),
     ("def number_words", "one thousand nine hundred eighty-four [-0.04, -7.21"),

@@ -21,6 +21,7 @@ class RequestLimits:
     max_images_total: int = 64  # in one request, all its prompts together
     max_batch_inputs: int = 1024  # rows: prompts x n x num_beams
     max_stop_chars: int = 1024  # all stop strings' characters together
+    max_document_chars: int = 100_000  # one document of a translation request
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class ServerArgs:
     max_n: int = 16  # largest n (samples per prompt)
     max_batch_inputs: int = 1024  # most rows (prompts x n x num_beams) in one request
     max_stop_chars: int = 1024  # most characters of a request's stop strings, all together
+    max_document_chars: int = 100_000  # longest document to translate, in characters
     # connections (HTTP server)
     max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
     header_timeout: float = 10.0  # seconds a client has to send a request's headers
@@ -117,7 +119,8 @@ class ServerArgs:
                      "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
-                     "max_n", "max_batch_inputs", "max_stop_chars", "max_connections",
+                     "max_n", "max_batch_inputs", "max_stop_chars", "max_document_chars",
+                     "max_connections",
                      "timeout_keep_alive")
         for name in _positive:
             value = getattr(self, name)
@@ -195,7 +198,8 @@ class ServerArgs:
                              max_images=self.max_images_per_request,
                              max_images_total=self.max_images_per_call,
                              max_batch_inputs=self.max_batch_inputs,
-                             max_stop_chars=self.max_stop_chars)
+                             max_stop_chars=self.max_stop_chars,
+                             max_document_chars=self.max_document_chars)
 
     def isolation(self) -> CacheIsolation:
         return CacheIsolation(self.cache_isolation, self.cache_public_min_users,

@@ -14,6 +14,7 @@ from typing import Any
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.document_translation import document_job
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     results_per_prompt,
@@ -22,11 +23,7 @@ from seq2serve.runtime.frontend.generate_request import (
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
-from seq2serve.runtime.frontend.translation import (
-    default_num_beams,
-    translation_input,
-    with_beams,
-)
+from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
 
 logger = logging.getLogger(__name__)
 
@@ -144,21 +141,34 @@ class Seq2SeqEngine:
     def translate(self, text: str | list[str], source_lang: str = "English",
                   target_lang: str | list[str] = "German", sampling_params: dict | None = None,
                   stream: bool = False, user: str | None = None,
-                  beam_size: int | None = None):
-        """Translate `text` (one or a list) into `target_lang` (one language, or one per
-        text). Languages are ISO 639-1 codes ("de"), English names ("German") or the model's
-        own codes ("deu_Latn"): a model whose tokenizer names its languages (NLLB, M2M100,
-        mBART-50, OPUS-MT) gets its source prefix and forced target token, a ValueError naming
-        its languages for one it lacks; any other gets its prompt template (T5's convention
-        when it has none). `beam_size` is sampling_params' num_beams; with neither, the model
-        directory's generation_config.json `num_beams` (1 without one, and for a stream)."""
+                  beam_size: int | None = None, format: str = "text"):
+        """Translate `text` (one document or a list) into `target_lang` (one language, or one
+        per document). Languages are ISO 639-1 codes ("de"), English names ("German") or the
+        model's own codes ("deu_Latn"): a model whose tokenizer names its languages (NLLB,
+        M2M100, mBART-50, OPUS-MT) gets its source prefix and forced target token, a
+        ValueError naming its languages for one it lacks; any other gets its prompt template
+        (T5's convention when it has none). `beam_size` is sampling_params' num_beams; with
+        neither, the model directory's generation_config.json `num_beams` (1 without one, and
+        for a stream).
+
+        `format` ("text", "markdown" or "html") says how the documents are written: each is
+        cut into sentences (in markdown and HTML, of its text only; a sentence over the
+        model's input limit at clause boundaries), every sentence of every document is sent
+        as one batch, and the translations are put back with everything else as it was
+        (docs/translation.md). A short input that is one sentence is translated as it is,
+        its result generate's; a longer document's result sums its pieces' token counts
+        (meta_info "pieces"). With `stream`, each document's text comes in order:
+        {"index", "text", "meta_info": {"finish_reason"}} chunks."""
         sampling_params = with_beams(sampling_params, beam_size, self.translation_beams, stream)
-        obj = translation_input(self.tokenizer_manager, self.args.model_path, text, source_lang,
-                                target_lang, sampling_params, stream, user)
+        job = document_job(self.tokenizer_manager, self.args.model_path, text, format,
+                           source_lang, target_lang, sampling_params, stream, user)
         if stream:
-            return self._sync_iter(self.tokenizer_manager.generate(obj))
-        results = self._call(_collect(self.tokenizer_manager.generate(obj)))
-        return results if _returns_list(obj) else results[0]
+            chunks = None if job.request is None else self.tokenizer_manager.generate(job.request)
+            return self._sync_iter(job.stream(chunks))
+        outputs = [] if job.request is None else self._call(
+            _collect(self.tokenizer_manager.generate(job.request)))
+        results = job.results(outputs)
+        return results if isinstance(text, list) else results[0]
 
     @property
     def languages(self) -> list[dict[str, str | None]] | None:

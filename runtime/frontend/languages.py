@@ -140,12 +140,19 @@ class TranslationLanguages:
     def source_ids(self, text: str, source: str, target: str) -> list[int]:
         """The encoder input for `text` (resolved codes): the tokenizer's own source prefix
         and suffix for `source`; Marian's ">>code<<" target token first, for multi-target."""
+        return self.source_ids_many([text], source, target)[0]
+
+    def source_ids_many(self, texts: list[str], source: str, target: str) -> list[list[int]]:
+        """`source_ids` of each text, tokenized in one call."""
+        if not texts:
+            return []
         if self.family == "marian":
             if self.target_multi:
-                text = f"{target} {text}"
-            return self.tokenizer(text).input_ids
+                texts = [f"{target} {t}" for t in texts]
+            return self.tokenizer(list(texts)).input_ids
         prefix, suffix = self._specials[source]
-        return prefix + self.tokenizer(text, add_special_tokens=False).input_ids + suffix
+        return [prefix + ids + suffix
+                for ids in self.tokenizer(list(texts), add_special_tokens=False).input_ids]
 
     def forced_tokens(self, target: str) -> list[int]:
         """The decoder prompt after the start token: the target language's token (none for

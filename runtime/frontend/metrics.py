@@ -43,6 +43,12 @@ class ServerMetrics:
         self.encoder_hidden_bytes = Gauge("seq2serve_encoder_cache_hidden_bytes",
                                           "Encoder hidden states kept (warm tier)", rl,
                                           registry=r)
+        # cumulative counts of the scheduler's, hence gauges: the encoder's work (a cache hit
+        # runs no input; a document's repeated sentences are sent once)
+        self.encoder_inputs = Gauge("seq2serve_encoder_inputs", "Encoder inputs run through "
+                                    "the encoder, since start", rl, registry=r)
+        self.encoder_forwards = Gauge("seq2serve_encoder_forwards", "Encoder passes (batches "
+                                      "of inputs), since start", rl, registry=r)
         self.prefix_hit_rate = Gauge("seq2serve_prefix_cache_hit_rate",
                                      "Decoder prompt tokens served from the radix cache",
                                      rl, registry=r)
@@ -101,6 +107,8 @@ class ServerMetrics:
         if stats.get("encoder_cache_lookups"):
             at(self.encoder_hit_rate).set(stats["encoder_cache_hits"]
                                           / stats["encoder_cache_lookups"])
+        at(self.encoder_inputs).set(stats.get("encoder_inputs", 0))
+        at(self.encoder_forwards).set(stats.get("encoder_forwards", 0))
         at(self.encoder_entries).set(stats.get("encoder_cache_entries", 0))
         at(self.encoder_hot_tokens).set(stats.get("encoder_cache_hot_tokens", 0))
         at(self.encoder_hidden_bytes).set(stats.get("encoder_cache_hidden_bytes", 0))

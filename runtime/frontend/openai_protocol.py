@@ -227,7 +227,10 @@ class TranslationRequest(_Body):
         "best_of": Refused("one translation per input", (None, 1)),
     }
     model: str | None = None
-    input: str | list[str]
+    input: str | list[str]  # one document or a list of them
+    # how the documents are written: text is translated sentence by sentence, markdown and
+    # html in their text only (docs/translation.md)
+    format: Literal["text", "markdown", "html"] = "text"
     source_lang: Language
     target_lang: Language | list[Language]  # one language for every input, or one per input
     max_tokens: int | None = Field(default=None, ge=1)

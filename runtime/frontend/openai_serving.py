@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from seq2serve.runtime.frontend.document_translation import document_job
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_protocol import (
     ChatCompletionRequest,
@@ -24,11 +25,7 @@ from seq2serve.runtime.frontend.openai_protocol import (
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.refused_fields import first_refusal
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
-from seq2serve.runtime.frontend.translation import (
-    default_num_beams,
-    translation_input,
-    with_beams,
-)
+from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
 
 _DISCONNECT_POLL_S = 0.2
 
@@ -360,6 +357,9 @@ class OpenAIServing:
 
     # --- /v1/translations --------------------------------------------------------------------
     async def translations(self, body: TranslationRequest, request: Request):
+        """Each input is a document (`format`: text, markdown, html): its pieces, those of every
+        document together, go as one batch; the results are put back into the documents
+        (`document_translation.py`). `usage` counts the pieces sent (a repeated one once)."""
         self.check_model(body.model)
         texts = body.input if isinstance(body.input, list) else [body.input]
         if not texts:
@@ -378,37 +378,56 @@ class OpenAIServing:
         sp.setdefault("temperature", 0.0)  # translation wants the most likely output
         sp = with_beams(sp, body.beam_size, self.translation_beams, body.stream)
         try:
-            # tokenizes each input: off the event loop
-            obj = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: translation_input(self.tm, self.model_path, texts,
-                                                body.source_lang, body.target_lang, sp,
-                                                body.stream, body.user))
+            # segments and tokenizes each document: off the event loop
+            job = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: document_job(self.tm, self.model_path, body.input, body.format,
+                                           body.source_lang, body.target_lang, sp,
+                                           body.stream, body.user))
         except ValueError as e:
-            param = "source_lang" if str(e).startswith("source_lang") else \
-                "input" if str(e).startswith("input") else "target_lang"
-            raise RequestError(str(e), param=param) from None
+            raise RequestError(str(e), param=_translation_param(str(e))) from None
         rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            first, agen = await self._first(self.tm.generate(obj))
+            chunks = None
+            if job.request is not None:
+                first, agen = await self._first(self.tm.generate(job.request))
+                chunks = _chained(first, agen)
 
             async def events():
-                chunk = first
-                while chunk is not None:
+                async for e in job.stream(chunks):
                     yield _sse({"id": rid, "object": "translation.chunk", "created": created,
                                 "model": self.model_name,
-                                "data": [{"index": chunk["index"], "delta": chunk["text"],
+                                "data": [{"index": e["index"], "delta": e["text"],
                                           "finish_reason": _finish(
-                                              chunk["meta_info"]["finish_reason"])}]})
-                    chunk = await anext(agen, None)
+                                              e["meta_info"]["finish_reason"])}]})
                 yield "data: [DONE]\n\n"
 
             return sse_response(events())
-        results = await self.collect(obj, request)
+        results = [] if job.request is None else await self.collect(job.request, request)
         return {"id": rid, "object": "translation", "created": created, "model": self.model_name,
                 "data": [{"index": i, "translation": r["text"],
                           "finish_reason": _finish(r["meta_info"]["finish_reason"])}
-                         for i, r in enumerate(results)],
+                         for i, r in enumerate(job.results(results))],
                 "usage": self._usage(results, 1)}
+
+
+def _translation_param(message: str) -> str:
+    """The field a translation's ValueError is about (its message starts with it)."""
+    for name in ("source_lang", "target_lang", "format", "n", "num_return_sequences"):
+        if message.startswith(name):
+            return name
+    return "input"
+
+
+async def _chained(first: Any, rest: AsyncIterator) -> AsyncIterator:
+    """`first` (None: nothing), then the rest; closing this closes the rest (which aborts
+    its requests)."""
+    try:
+        if first is not None:
+            yield first
+            async for item in rest:
+                yield item
+    finally:
+        await rest.aclose()
 
 
 def json_error(status: int, message: str, kind: str = "invalid_request_error",

@@ -256,6 +256,17 @@ class TokenizerManager:
                              f"of at most {self.max_token_chars} characters can hold "
                              f"({limit_name})")
 
+    def prompt_ids_many(self, texts: list[str]) -> list[list[int]]:
+        """Each prompt's token ids as generate makes them from its text, in one tokenizer
+        call where the model takes no images (a translation's many sentences)."""
+        for i, t in enumerate(texts):
+            problem = invalid_text(t, f"text[{i}]")
+            if problem:
+                raise ValueError(problem)
+        if self.image_processor is not None or not texts:
+            return [self._prompt_ids(t) for t in texts]
+        return self.tokenizer(list(texts)).input_ids
+
     def _prompt_ids(self, text: str) -> list[int]:
         self.check_text(text)
         if self.image_processor is None:
@@ -277,6 +288,16 @@ class TokenizerManager:
         if self.is_encoder_decoder:
             return self.info["max_encoder_len"], "max_encoder_len"
         return self.info["context_length"], "context_length"
+
+    def source_token_limit(self, max_new_tokens: int) -> int:
+        """The most tokens a prompt (an encoder-decoder model's encoder input) may have and
+        still pass every check of a request generating `max_new_tokens` (a document's
+        sentences are cut to fit it): this deployment's limit, the model's, the pools'."""
+        limit, _ = self.prompt_token_limit()
+        lim = self.model_limits
+        if self.is_encoder_decoder:
+            return min(limit, lim.max_encoder_len, lim.cross_capacity_tokens)
+        return min(limit, min(lim.context_length, lim.kv_capacity_tokens) - max_new_tokens)
 
     def _token_ids(self, item: dict[str, Any],
                    forced: int = 0) -> tuple[list[int], list[int], int]:

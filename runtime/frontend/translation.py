@@ -1,6 +1,7 @@
 """Translations: the beam count (CTranslate2's `beam_size` or HF's `num_beams`, one option with
 two names, by default the model directory's generation_config.json `num_beams`) and a
-translation's input to generate (the model's languages or its prompt template)."""
+translation's input to generate (the model's languages or its prompt template:
+`SourceEncoder`, `translation_request`)."""
 
 from __future__ import annotations
 
@@ -62,36 +63,51 @@ def with_beams(params: dict[str, Any] | None, beam_size: int | None, default: in
     return params
 
 
-def translation_input(tm: TokenizerManager, model_path: str, text: str | list[str],
-                      source_lang: str, target_lang: str | list[str],
-                      sampling_params: dict[str, Any], stream: bool = False,
-                      user: str | None = None) -> GenerateReqInput:
-    """A translation as generate's input. `target_lang` is one language for every text or
-    one per text. A model whose tokenizer names its languages (NLLB, M2M100, mBART-50,
-    OPUS-MT) gets its source prefix and its target-language token (`languages.py`; a
-    ValueError naming the supported languages for one it lacks); any other model gets the
-    prompt template (`prompts.py`)."""
-    texts = text if isinstance(text, list) else [text]
-    targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(texts)
-    if len(targets) != len(texts):
-        raise ValueError(f"target_lang has {len(targets)} entries for {len(texts)} inputs")
-    langs = tm.languages
-    if langs is None:
-        prompts = [translation_prompt(model_path, t, source_lang, tl)
-                   for t, tl in zip(texts, targets)]
-        return GenerateReqInput(text=prompts if isinstance(text, list) else prompts[0],
-                                sampling_params=sampling_params, stream=stream, user=user)
-    source = langs.resolve(source_lang, "source_lang")
-    enc, dec = [], []
-    for i, (t, tl) in enumerate(zip(texts, targets)):
-        if not isinstance(t, str) or not t:
-            raise ValueError(f"input[{i}] must be a non-empty string")
-        tm.check_text(t, f"input[{i}]")
-        code = langs.resolve(tl, "target_lang")
-        enc.append(langs.source_ids(t, source, code))
-        dec.append(langs.forced_tokens(code))
-    one = not isinstance(text, list)
-    return GenerateReqInput(input_ids=enc[0] if one else enc,
-                            decoder_input_ids=dec[0] if one else dec,
-                            decoder_forced=len(dec[0]), sampling_params=sampling_params,
-                            stream=stream, user=user)
+class SourceEncoder:
+    """A translation's sources as encoder inputs, for one (source, target) language pair,
+    exactly as generate would tokenize them: a model whose tokenizer names its languages
+    (NLLB, M2M100, mBART-50, OPUS-MT) gets its source prefix and its target-language token
+    (`languages.py`; a ValueError naming the supported languages for one it lacks); any other
+    model gets the prompt template (`prompts.py`). Many sources are tokenized in one call."""
+
+    _MARK = "\x00seq2serve-source\x00"
+
+    def __init__(self, tm: TokenizerManager, model_path: str, source_lang: str,
+                 target_lang: str) -> None:
+        self.tm, self.model_path = tm, model_path
+        self.source_lang, self.target_lang = source_lang, target_lang
+        self.langs = tm.languages
+        if self.langs is None:
+            parts = translation_prompt(model_path, self._MARK, source_lang,
+                                       target_lang).split(self._MARK)
+            self.around = (parts[0], parts[1]) if len(parts) == 2 else None
+            self.decoder_prompt: list[int] | None = None
+        else:
+            self.source = self.langs.resolve(source_lang, "source_lang")
+            self.target = self.langs.resolve(target_lang, "target_lang")
+            self.decoder_prompt = self.langs.forced_tokens(self.target)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Each source's encoder input (a decoder-only model's prompt)."""
+        if self.langs is not None:
+            return self.langs.source_ids_many(texts, self.source, self.target)
+        return self.tm.prompt_ids_many([self._prompt(t) for t in texts])
+
+    def _prompt(self, text: str) -> str:
+        if self.around is None:  # a template that uses the text twice, or formats it
+            return translation_prompt(self.model_path, text, self.source_lang,
+                                      self.target_lang)
+        return self.around[0] + text + self.around[1]
+
+
+def translation_request(encoded: list[list[int]], decoder_prompts: list[list[int] | None],
+                        sampling_params: dict[str, Any], stream: bool = False,
+                        user: str | None = None) -> GenerateReqInput:
+    """Encoded sources (`SourceEncoder.encode`) and their decoder prompts (each target's
+    forced language token; None for a prompt template) as one batch for generate."""
+    if all(d is None for d in decoder_prompts):
+        return GenerateReqInput(input_ids=encoded, sampling_params=sampling_params,
+                                stream=stream, user=user)
+    return GenerateReqInput(input_ids=encoded, decoder_input_ids=decoder_prompts,
+                            decoder_forced=len(decoder_prompts[0]),
+                            sampling_params=sampling_params, stream=stream, user=user)

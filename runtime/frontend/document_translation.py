@@ -1,0 +1,220 @@
+"""Translating documents (issue 42): a request's inputs as documents of one format (text,
+markdown, html), their pieces (`documents/`) tokenized together (`SourceEncoder`) and sent
+as one batch, and the results put back into each document.
+
+A document that is one piece, itself (a short text input, as `/v1/translations` took before
+documents), is one request whose result is returned as it is; repeats of such inputs stay
+separate requests (the encoder cache spares their encoder passes). The pieces of every other
+document are sent once per distinct (text, target language) when decoding is deterministic
+(greedy, beams, or seeded), and their translations fanned back out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.frontend.documents.document_pieces import (
+    FORMATS,
+    cut_to_fit,
+    document_sentences,
+    encoder_of,
+)
+from seq2serve.runtime.frontend.documents.document_stream import DocumentEvent, DocumentStream
+from seq2serve.runtime.frontend.documents.piece_batch import PieceBatch
+from seq2serve.runtime.frontend.documents.pieces import Piece, reassemble
+from seq2serve.runtime.frontend.documents.sentences import segmenter_language
+from seq2serve.runtime.frontend.generate_request import (
+    GenerateReqInput,
+    invalid_text,
+    rows_per_prompt,
+)
+from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
+from seq2serve.runtime.frontend.translation import SourceEncoder, translation_request
+
+_NOTHING_TO_TRANSLATE = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
+                         "finish_reason": {"type": "stop"}, "pieces": 0}
+
+
+@dataclass
+class DocumentJob:
+    documents: list[str]
+    fmt: str
+    pieces: list[list[Piece]]  # per document
+    batch: PieceBatch
+    request: GenerateReqInput | None  # the batch's sources; None when there are none
+
+    def results(self, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each document's result, shaped as generate's ("text", "output_ids", "meta_info"),
+        from the sources' results in order. A document that is its own one piece gets that
+        piece's result as it is; any other gets its pieces' token counts summed, their
+        output ids joined, and the first "length" finish among them (else the last one's)."""
+        encode = encoder_of(self.fmt)
+        out = []
+        for doc, pieces, rs in zip(self.documents, self.pieces, self.batch.per_document(outputs)):
+            if _is_itself(doc, pieces, self.fmt):
+                out.append(rs[0])
+                continue
+            text = reassemble(doc, pieces, [r["text"] for r in rs], encode)
+            out.append({"text": text, "output_ids": [t for r in rs for t in r["output_ids"]],
+                        "meta_info": _merged_meta([r["meta_info"] for r in rs])})
+        return out
+
+    async def stream(self, chunks: AsyncIterator[dict[str, Any]] | None
+                     ) -> AsyncIterator[dict[str, Any]]:
+        """Each document's text in order as the sources' chunks (generate's stream, "index"
+        naming the source) come: {"index", "text", "meta_info": {"finish_reason"}} events
+        whose texts concatenate to each document's translation; a document's last event has
+        its finish reason (the first "length" among its pieces'), the others None. Closing
+        this closes `chunks`."""
+        stream = DocumentStream(self.documents, self.pieces, self.batch, encoder_of(self.fmt))
+        reasons: dict[int, dict] = {}
+
+        def shaped(e: DocumentEvent) -> dict[str, Any]:
+            reason = None
+            if e.finished:
+                reason = _worst([reasons[k] for k in dict.fromkeys(self.batch.slots[e.index])])
+            return {"index": e.index, "text": e.delta, "meta_info": {"finish_reason": reason}}
+
+        for event in stream.start():
+            yield shaped(event)
+        if chunks is None:
+            return
+        try:
+            async for chunk in chunks:
+                reason = chunk["meta_info"]["finish_reason"]
+                if reason is not None:
+                    reasons[chunk["index"]] = reason
+                for event in stream.feed(chunk["index"], chunk["text"], reason is not None):
+                    yield shaped(event)
+        finally:  # a caller that stops reading closes the chunks: their requests abort
+            await chunks.aclose()
+
+
+def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str], fmt: str,
+                 source_lang: str, target_lang: str | list[str],
+                 sampling_params: dict[str, Any], stream: bool = False,
+                 user: str | None = None) -> DocumentJob:
+    """The documents of a translation request as one batch of pieces. ValueError naming the
+    field (input, format, source_lang, target_lang, the limit) for what cannot be
+    translated: documents count against max_batch_inputs as inputs did, and each against
+    max_document_chars."""
+    documents = inputs if isinstance(inputs, list) else [inputs]
+    targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(documents)
+    _check(tm, documents, fmt, targets, sampling_params)
+    encoders = {t: SourceEncoder(tm, model_path, source_lang, t) for t in dict.fromkeys(targets)}
+    language = segmenter_language(source_lang)
+    sentences = [document_sentences(doc, fmt, language) for doc in documents]
+    encoded = _Encoded(encoders, tm.source_token_limit(_max_new_tokens(tm, sampling_params)))
+    encoded.add([(s.text, t) for ss, t in zip(sentences, targets) for s in ss])
+    pieces = []
+    for i, (doc, ss, target) in enumerate(zip(documents, sentences, targets)):
+        try:
+            pieces.append([p for s in ss for p in encoded.fitting(doc, s, fmt, target)])
+        except ValueError as e:
+            raise ValueError(f"input[{i}]: {e}") from None
+    repeatable = _deterministic(sampling_params)
+    shared = [repeatable and not _is_itself(doc, p, fmt) for doc, p in zip(documents, pieces)]
+    batch = PieceBatch.of(pieces, targets, shared)
+    rows = len(batch.sources) * rows_per_prompt(sampling_params)
+    if rows > tm.limits.max_batch_inputs:
+        raise ValueError(f"input: the documents hold {len(batch.sources)} sentences to "
+                         f"translate ({rows} rows with the beams), over this server's limit of "
+                         f"{tm.limits.max_batch_inputs} (max_batch_inputs) for one request")
+    request = None
+    if batch.sources:
+        request = translation_request(
+            [encoded.ids[(s, t)] for s, t in zip(batch.sources, batch.targets)],
+            [encoders[t].decoder_prompt for t in batch.targets], sampling_params, stream, user)
+    return DocumentJob(documents, fmt, pieces, batch, request)
+
+
+class _Encoded:
+    """Every sentence's encoder input, tokenized in one call per target language; a sentence
+    over the input limit is cut at clause boundaries (its pieces tokenized as it is cut)."""
+
+    def __init__(self, encoders: dict[str, SourceEncoder], limit: int) -> None:
+        self.encoders, self.limit = encoders, limit
+        self.ids: dict[tuple[str, str], list[int]] = {}  # (text, target) -> encoder input
+
+    def add(self, keys: list[tuple[str, str]]) -> None:
+        todo = [k for k in dict.fromkeys(keys) if k not in self.ids]
+        for target, encoder in self.encoders.items():
+            texts = [text for text, t in todo if t == target]
+            self.ids.update(zip(((text, target) for text in texts), encoder.encode(texts)))
+
+    def fits(self, text: str, target: str) -> bool:
+        self.add([(text, target)])
+        return len(self.ids[(text, target)]) <= self.limit
+
+    def fitting(self, doc: str, sentence: Piece, fmt: str, target: str) -> list[Piece]:
+        if len(self.ids[(sentence.text, target)]) <= self.limit:
+            return [sentence]
+        return cut_to_fit(doc, sentence, fmt, lambda text: self.fits(text, target))
+
+
+def _check(tm: TokenizerManager, documents: list, fmt: str, targets: list,
+           sampling_params: dict[str, Any]) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    for name in ("n", "num_return_sequences"):
+        if (sampling_params.get(name) or 1) != 1:
+            raise ValueError(f"{name} must be 1 for a translation (one translation per input)")
+    if not documents:
+        raise ValueError("input is an empty list")
+    limits = tm.limits
+    if len(documents) > limits.max_batch_inputs:
+        raise ValueError(f"input has {len(documents)} documents, over this server's limit of "
+                         f"{limits.max_batch_inputs} (max_batch_inputs)")
+    if len(targets) != len(documents):
+        raise ValueError(f"target_lang has {len(targets)} entries for {len(documents)} inputs")
+    for i, doc in enumerate(documents):
+        if not isinstance(doc, str) or not doc:
+            raise ValueError(f"input[{i}] must be a non-empty string")
+        if len(doc) > limits.max_document_chars:
+            raise ValueError(f"input[{i}] is {len(doc)} characters, over this server's limit "
+                             f"of {limits.max_document_chars} characters per document "
+                             f"(max_document_chars)")
+        problem = invalid_text(doc, f"input[{i}]")
+        if problem:
+            raise ValueError(problem)
+
+
+def _is_itself(document: str, pieces: list[Piece], fmt: str) -> bool:
+    """The document is one piece, all of it, sent as it is (a short input)."""
+    return (len(pieces) == 1 and pieces[0].text == document and fmt != "html")
+
+
+def _deterministic(sp: dict[str, Any]) -> bool:
+    """Equal sources give equal translations: greedy, a beam search, or seeded sampling."""
+    return (sp.get("num_beams") or 1) > 1 or sp.get("temperature", 1.0) == 0 \
+        or sp.get("seed") is not None
+
+
+def _max_new_tokens(tm: TokenizerManager, sp: dict[str, Any]) -> int:
+    given = sp.get("max_new_tokens")
+    if isinstance(given, int) and not isinstance(given, bool):
+        return given
+    cap = tm.limits.max_new_tokens
+    default = SamplingParams.max_new_tokens
+    return default if cap is None else min(default, cap)
+
+
+def _worst(reasons: list[dict | None]) -> dict | None:
+    if not reasons:
+        return dict(_NOTHING_TO_TRANSLATE["finish_reason"])
+    return next((r for r in reasons if r and r.get("type") == "length"), reasons[-1])
+
+
+def _merged_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    if not metas:
+        return {**_NOTHING_TO_TRANSLATE, "finish_reason": dict(
+            _NOTHING_TO_TRANSLATE["finish_reason"])}
+    if len(metas) == 1:
+        return {**metas[0], "pieces": 1}
+    return {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
+            "completion_tokens": sum(m["completion_tokens"] for m in metas),
+            "cached_tokens": sum(m.get("cached_tokens") or 0 for m in metas),
+            "finish_reason": _worst([m["finish_reason"] for m in metas]),
+            "pieces": len(metas)}
