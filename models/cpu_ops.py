@@ -35,6 +35,7 @@ doubled an 8,000-request run's time (primitives rebuilt, 0.5-1 ms each).
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -45,6 +46,14 @@ from seq2serve.runtime.kernels.activations import torch_activation
 
 _INT8_ENGINES = ("x86", "fbgemm")  # the dynamic int8 linear's x86 back ends
 _CACHED_SHAPES = 1024  # oneDNN's and ideep's caches: shapes kept (their default capacity)
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # this process's OneDnnOps (cached_gemm_shapes)
+
+
+def cached_gemm_shapes() -> int | None:
+    """Product shapes this process's oneDNN ops have run (about 0.55 MB of host memory each,
+    up to oneDNN's 1,024), or None where no model computes through them (a GPU, or CPU
+    models in another dtype)."""
+    return sum(o.cached_shapes for o in _LIVE) if _LIVE else None
 
 
 def int8_activations_available() -> bool:
@@ -76,6 +85,7 @@ class OneDnnOps(TorchOps):
         self._int8: dict[int, tuple[QuantizedWeight, object]] = {}  # fbgemm's packed params
         # (rows, out, in, bias) of the products run: the primitives oneDNN holds, up to its cap
         self._shapes: set[tuple[int, int, int, bool]] = set()
+        _LIVE.add(self)
 
     @torch.inference_mode()
     def warm(self, model: nn.Module) -> None:

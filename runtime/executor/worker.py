@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from seq2serve.models.cpu_ops import cached_gemm_shapes
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.executor.model_runner import ModelRunner
@@ -33,9 +34,6 @@ class ModelWorker:
         self.cross_kv_pool = r.cross_kv_pool
         if self.ranks is not None:
             self.ranks.mirror(r.pools)
-        # the model's ops that cache per product shape (a float32 CPU model's oneDNN ops)
-        self.shape_caches = [o for o in {getattr(m, "ops", None) for m in r.model.modules()}
-                             if hasattr(o, "cached_shapes")]
 
     def mirror(self, pools: dict) -> None:
         """Pools besides the runner's whose copies every rank makes (the host tier's, named
@@ -56,9 +54,8 @@ class ModelWorker:
     def host_caches(self) -> dict:
         """What the model's ops keep on the host past the weights (stats): the product shapes
         oneDNN holds a primitive for, about 0.55 MB each (models/cpu_ops.py)."""
-        if not self.shape_caches:
-            return {}
-        return {"cpu_gemm_shapes": sum(o.cached_shapes for o in self.shape_caches)}
+        shapes = cached_gemm_shapes()
+        return {} if shapes is None else {"cpu_gemm_shapes": shapes}
 
     def forward_encode(self, batch: EncodeBatch) -> torch.Tensor | None:
         """Write cross K/V; returns the encoder's new hidden states (packed), if it ran."""
