@@ -67,9 +67,19 @@ class ServerProcess:
                 pass
         return out
 
-    def terminate(self, timeout: float = 20.0) -> int:
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then the exit code. A server still running after `timeout` is killed and
+        the failure carries its log's end (a drain that waited on running requests says so
+        there: "shutting down: N running requests")."""
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        start = time.monotonic()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            tail = "\n".join(self.output().splitlines()[-40:])
+            raise AssertionError(f"the server did not exit {time.monotonic() - start:.0f} s "
+                                 f"after SIGTERM; its log ends:\n{tail}") from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -57,7 +57,10 @@ def _wait_idle(srv, within: float) -> float:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_disconnect_aborts_the_request_within_a_second(server, path, body, stream):
     """Left alone, each request would run for several seconds more."""
-    with httpx.Client(timeout=httpx.Timeout(1.0)) as c:
+    # streamed: the first event may take a while on a loaded machine (1,000 inputs are
+    # tokenized first); the hang-up is what is timed
+    timeout = httpx.Timeout(1.0, read=30.0) if stream else httpx.Timeout(1.0)
+    with httpx.Client(timeout=timeout) as c:
         if stream:  # read the first event, then hang up
             with c.stream("POST", server.url + path, json={**body, "stream": True},
                           headers=AUTH) as r:
@@ -133,7 +136,8 @@ def test_huge_prompts_are_refused_at_once_and_never_stall_the_server(server):
     for t in threads:
         t.join()
     assert results == [400] * 4
-    assert max(health) < 0.5, health
+    # tokenized on the event loop, 16,000 tokens x 4 would hold /health for seconds
+    assert max(health) < 1.0, health
 
 
 def test_inputs_per_request_are_capped(server):
