@@ -58,3 +58,21 @@ def strip_after_stop(tokens: list[int], stops) -> list[int]:
     """A hypothesis as HF pads it, cut after its first stop token."""
     end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens) - 1)
     return tokens[:end + 1]
+
+
+@torch.no_grad()
+def scored_generate(model, encoder_ids: list[int], decoder_ids: list[int] | None, **gen):
+    """HF generate (greedy or beams, its KV cache) with its scores: `sequences`, and
+    `sequences_scores` for beams. `decoder_ids` None: its own start (and forced_bos_token_id
+    when `gen` gives one); else its decoder_input_ids."""
+    if decoder_ids is not None:
+        gen["decoder_input_ids"] = torch.tensor([decoder_ids])
+    return model.generate(torch.tensor([encoder_ids]), do_sample=False, output_scores=True,
+                          return_dict_in_generate=True, **gen)
+
+
+def greedy_log_prob(out, prompt_len: int) -> float:
+    """A greedy `scored_generate`'s sum of its chosen tokens' log-probs (HF's processed
+    scores, log-softmaxed) after the first `prompt_len` tokens of its sequence."""
+    tokens = out.sequences[0, prompt_len:]
+    return sum(float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, tokens))

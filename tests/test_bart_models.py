@@ -1,7 +1,9 @@
 """The BART-family translation models (Marian / OPUS-MT, M2M100, NLLB-200, mBART-50) against
 Hugging Face in float32 on tiny random checkpoints with real SentencePiece tokenizers: greedy
 and beam search token for token (beam scores too), with the target language as HF's forced
-first token; and target-language routing through the engine and /v1/translations."""
+first token; target-language routing through the engine and /v1/translations; and a
+translation's alternatives, target prefix and scores through the engine (the same over HTTP
+on the demo T5: tests/test_document_translation.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from seq2serve.tests.bart_oracle import (
     hf_generate,
     hf_source_and_forced,
 )
+from seq2serve.tests.beam_oracle import greedy_log_prob, scored_generate, strip_after_stop
 from seq2serve.tests.helpers import hf_model, make_scheduler, request, run_to_completion
 from seq2serve.tests.server_helpers import ServerProcess
 
@@ -102,27 +105,98 @@ def test_beams_match_hf_counting_the_forced_token_as_hf_does(ckpt, family):
         assert got[rid][1] == pytest.approx(score, abs=1e-4), rid
 
 
-def test_engine_routes_mixed_targets_and_encodes_a_repeated_source_once(ckpt):
-    path = ckpt["m2m100"]
+@pytest.fixture(scope="module")
+def m2m100_engine(ckpt):
+    with Seq2SeqEngine(model_path=ckpt["m2m100"], device="cpu", dtype="float32") as engine:
+        yield engine
+        engine.check_integrity()
+
+
+def test_engine_routes_mixed_targets_and_encodes_a_repeated_source_once(ckpt, m2m100_engine):
+    path, engine = ckpt["m2m100"], m2m100_engine
     a, b = CORPUS[0], CORPUS[1]
     targets = ["de", "__fr__", "zho", "German"]  # ISO 639-1, M2M100's, ISO 639-3, a name
     codes = ["de", "fr", "zh", "de"]
-    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
-        out = engine.translate([a, a, a, b], source_lang="en", target_lang=targets,
-                               sampling_params={"max_new_tokens": 6, "temperature": 0},
-                               beam_size=1)
-        for r, text, code in zip(out, [a, a, a, b], codes):
-            ids, forced = hf_source_and_forced(path, "m2m100", text, "en", code)
-            hf, drop = hf_generate(path, ids, forced, 6, num_beams=1)
-            assert r["output_ids"] == hf[0, drop:].tolist()
-        assert len({tuple(r["output_ids"]) for r in out[:3]}) == 3  # three languages
-        assert engine.stats()["encoder_inputs"] == 2  # a's encoder ran once for 3 targets
-        with pytest.raises(ValueError, match=r"target_lang 'xx'.* ast, az, "):
-            engine.translate(a, source_lang="en", target_lang="xx")
-        with pytest.raises(ValueError, match="source_lang 'Klingon'"):
-            engine.translate(a, source_lang="Klingon", target_lang="de")
-        assert {d["code"] for d in engine.languages} >= set(codes)
-        engine.check_integrity()
+    assert engine.flush_cache()
+    before = engine.stats()["encoder_inputs"]
+    out = engine.translate([a, a, a, b], source_lang="en", target_lang=targets,
+                           sampling_params={"max_new_tokens": 6, "temperature": 0},
+                           beam_size=1)
+    for r, text, code in zip(out, [a, a, a, b], codes):
+        ids, forced = hf_source_and_forced(path, "m2m100", text, "en", code)
+        hf, drop = hf_generate(path, ids, forced, 6, num_beams=1)
+        assert r["output_ids"] == hf[0, drop:].tolist()
+    assert len({tuple(r["output_ids"]) for r in out[:3]}) == 3  # three languages
+    # a's encoder ran once for 3 targets
+    assert engine.stats()["encoder_inputs"] - before == 2
+    with pytest.raises(ValueError, match=r"target_lang 'xx'.* ast, az, "):
+        engine.translate(a, source_lang="en", target_lang="xx")
+    with pytest.raises(ValueError, match="source_lang 'Klingon'"):
+        engine.translate(a, source_lang="Klingon", target_lang="de")
+    assert {d["code"] for d in engine.languages} >= set(codes)
+    engine.check_integrity()
+
+
+def test_alternatives_with_and_without_a_target_prefix_in_one_call(ckpt, m2m100_engine):
+    """`translate(alternatives=3, target_prefix=[prefix, ""])` against HF's generate: the
+    first source with the prefix (HF: decoder_input_ids [start, __fr__, *prefix], where no
+    token of the prompt counts in the length penalty), the second without (HF: its
+    forced_bos_token_id, which counts). length_penalty 0.7 and a stop token the weights
+    produce make hypotheses of unequal lengths, so a length counted wrong shows in the
+    scores."""
+    path, engine = ckpt["m2m100"], m2m100_engine
+    tok = load_tokenizer(path)
+    model = hf_model(path)
+    eos = set(ModelConfig.from_path(path).eos_token_ids)
+    start = ModelConfig.from_path(path).arch.decoder_start_token_id
+    texts = [CORPUS[0], CORPUS[2]]
+    sources = [hf_source_and_forced(path, "m2m100", t, "en", "fr") for t in texts]
+    greedy = scored_generate(model, sources[0][0], None, forced_bos_token_id=sources[0][1],
+                             max_new_tokens=MAX_NEW + 1, num_beams=1)
+    stop = int(greedy.sequences[0, 4])  # a token these weights produce: hypotheses end early
+    prefix = tok("La maison", add_special_tokens=False).input_ids
+    got = engine.translate(texts, source_lang="en", target_lang="fr", beam_size=1,
+                           alternatives=3, target_prefix=["La maison", ""],
+                           sampling_params={"max_new_tokens": MAX_NEW, "length_penalty": 0.7,
+                                            "stop_token_ids": [stop]})
+    hf = {"num_beams": 3, "num_return_sequences": 3, "length_penalty": 0.7,
+          "eos_token_id": sorted(eos | {stop})}
+    with_prefix = scored_generate(model, sources[0][0], [start, sources[0][1]] + prefix,
+                                  max_new_tokens=MAX_NEW, **hf)
+    without = scored_generate(model, sources[1][0], None, forced_bos_token_id=sources[1][1],
+                              max_new_tokens=MAX_NEW + 1, **hf)
+    for result, out, lead in zip(got, [with_prefix, without], [2 + len(prefix), 2]):
+        # ours: the prefix's tokens and the generated ones (HF's: after start and language)
+        expected = [s[2:lead].tolist() + strip_after_stop(s[lead:].tolist(), eos | {stop})
+                    for s in out.sequences]
+        alts = result["alternatives"]
+        assert [a["output_ids"] for a in alts] == expected
+        assert [a["score"] for a in alts] == pytest.approx(out.sequences_scores.tolist(),
+                                                           abs=1e-4)
+        assert [a["text"] for a in alts] == [tok.decode(e, skip_special_tokens=True)
+                                             for e in expected]
+        assert result["output_ids"] == alts[0]["output_ids"]
+        assert result["score"] == alts[0]["score"] == alts[0]["meta_info"]["beam_score"]
+    assert all(a["text"].startswith("La maison") for a in got[0]["alternatives"])
+
+
+def test_a_greedy_target_prefix_and_its_score(ckpt, m2m100_engine):
+    path = ckpt["m2m100"]
+    tok = load_tokenizer(path)
+    start = ModelConfig.from_path(path).arch.decoder_start_token_id
+    ids, forced = hf_source_and_forced(path, "m2m100", CORPUS[1], "en", "fr")
+    prefix = tok("Où est", add_special_tokens=False).input_ids
+    got = m2m100_engine.translate(CORPUS[1], source_lang="en", target_lang="fr", beam_size=1,
+                                  target_prefix="Où est", return_scores=True,
+                                  sampling_params={"max_new_tokens": MAX_NEW,
+                                                   "temperature": 0})
+    out = scored_generate(hf_model(path), ids, [start, forced] + prefix,
+                          max_new_tokens=MAX_NEW, num_beams=1)
+    assert got["output_ids"] == out.sequences[0, 2:].tolist()  # batch 1: no padding
+    assert got["text"] == tok.decode(got["output_ids"], skip_special_tokens=True)
+    assert got["text"].startswith("Où est")
+    assert got["score"] == pytest.approx(greedy_log_prob(out, 2 + len(prefix)), abs=1e-4)
+    assert "output_token_logprobs" not in got["meta_info"]  # asked for the score only
 
 
 def test_translations_endpoint_routes_languages_and_names_the_choices(ckpt):
@@ -199,6 +273,46 @@ def test_languages_of_a_multi_target_opus_mt_and_of_nllb(tmp_path, ckpt):
     assert nllb.resolve("Spanish") == "spa_Latn" and nllb.resolve(" deu ") == "deu_Latn"
     names = {d["code"]: d["name"] for d in nllb.describe()}
     assert names["deu_Latn"] == "German" and names["zho_Hant"] == "Chinese"
+
+
+def test_target_prefix_tokens_are_hfs_target_text_tokens(ckpt, tmp_path):
+    """A target prefix is tokenized as HF's `tokenizer(text_target=...)` tokenizes it (the
+    oracle: a fresh tokenizer, switched), by a tokenizer that is never switched: for an
+    OPUS-MT pair whose target SentencePiece model differs from its source one too."""
+    import json
+
+    import sentencepiece as spm
+    from transformers import MarianTokenizer
+
+    from seq2serve.tests.bart_checkpoints import train_spm
+
+    texts = ["La maison", "Où est la gare ?", "Das Haus ist wunderbar."]
+    for family in FAMILIES:
+        oracle = load_tokenizer(ckpt[family])
+        if family != "marian":
+            oracle.tgt_lang = LANGS[family][1]
+        expected = oracle(text_target=texts, add_special_tokens=False).input_ids
+        langs = TranslationLanguages.of(load_tokenizer(ckpt[family]))
+        assert langs.target_ids_many(texts) == expected, family
+    models = {"source.spm": train_spm("unigram", 80, pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0),
+              "target.spm": train_spm("bpe", 60, pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0)}
+    vocab = {"</s>": 0, "<unk>": 1}
+    for name, model in models.items():
+        (tmp_path / name).write_bytes(model)
+        sp = spm.SentencePieceProcessor(model_proto=model)
+        for i in range(sp.get_piece_size()):
+            vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+
+    def marian() -> MarianTokenizer:
+        return MarianTokenizer(*(str(tmp_path / f) for f in models), str(tmp_path / "vocab.json"),
+                               source_lang="en", target_lang="de")
+
+    tok = marian()
+    got = TranslationLanguages.of(tok).target_ids_many(texts)
+    assert got == marian()(text_target=texts, add_special_tokens=False).input_ids
+    assert got != tok(texts, add_special_tokens=False).input_ids  # the source model's pieces
 
 
 def test_a_models_forced_bos_starts_generate_without_a_decoder_prompt(ckpt):

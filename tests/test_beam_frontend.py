@@ -198,6 +198,7 @@ class _Recorder:
 
     languages = None  # the TokenizerManager's for a model with a prompt template (T5)
     limits = RequestLimits()
+    tokenizer = None  # what detokenizes a target prefix's results (none asked for here)
 
     def source_token_limit(self, max_new_tokens: int) -> int:  # what a document's pieces fit
         return 512

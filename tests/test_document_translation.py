@@ -17,12 +17,14 @@ from seq2serve import Seq2SeqEngine
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.documents.document_pieces import document_pieces
 from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
+from seq2serve.tests.beam_oracle import greedy_log_prob, scored_generate
 from seq2serve.tests.document_samples import (
     html_sample,
     join_sentences,
     markdown_sample,
     repeated_documents,
 )
+from seq2serve.tests.helpers import hf_model
 from seq2serve.tests.server_helpers import ServerProcess
 
 DEMO = str(default_demo_path())
@@ -229,3 +231,77 @@ def test_bad_document_requests_get_a_400(server, body, needle):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert needle in err["message"] or needle == err.get("param"), err
+
+
+# --- alternatives, target prefixes, scores (M2M100 through the engine: test_bart_models.py) -
+def test_alternatives_and_a_prefix_are_hfs_beams_with_decoder_input_ids(server):
+    tok = load_tokenizer(DEMO)
+    r = _translate(server, {"input": ["1984", "77"], "alternatives": 3, "return_scores": True,
+                            "target_prefix": ["one thousand", ""]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    prefix = tok("one thousand", add_special_tokens=False).input_ids
+    for data, text, decoder in zip(body["data"], ["1984", "77"], [[0] + prefix, None]):
+        out = scored_generate(hf_model(DEMO), tok(PROMPT.format(text)).input_ids, decoder,
+                              num_beams=3, num_return_sequences=3, max_new_tokens=MAX_TOKENS)
+        expected = [tok.decode(s[1:], skip_special_tokens=True) for s in out.sequences]
+        alts = data["alternatives"]
+        assert [a["translation"] for a in alts] == expected
+        assert [a["score"] for a in alts] == pytest.approx(out.sequences_scores.tolist(),
+                                                           abs=1e-4)
+        assert (data["translation"], data["score"]) == (alts[0]["translation"], alts[0]["score"])
+    assert all(a["translation"].startswith("one thousand ")
+               for a in body["data"][0]["alternatives"])
+    assert len({a["translation"] for a in body["data"][1]["alternatives"]}) == 3
+    # each input's prompt counted once, not once per alternative
+    assert body["usage"]["prompt_tokens"] == sum(
+        len(tok(PROMPT.format(t)).input_ids) for t in ("1984", "77"))
+
+
+def test_a_greedy_prefix_and_its_score_streamed_and_whole(server):
+    tok = load_tokenizer(DEMO)
+    body = {"input": " 1984 ", "target_prefix": "one thousand nine", "return_scores": True}
+    whole = _translate(server, body)
+    assert whole.status_code == 200, whole.text
+    [data] = whole.json()["data"]
+    prefix = tok("one thousand nine", add_special_tokens=False).input_ids
+    out = scored_generate(hf_model(DEMO), tok(PROMPT.format("1984")).input_ids, [0] + prefix,
+                          num_beams=1, max_new_tokens=MAX_TOKENS)
+    # the whitespace around the sentence kept, the prefix detokenized with the rest
+    assert data["translation"] == f" {tok.decode(out.sequences[0, 1:], skip_special_tokens=True)} "
+    assert data["score"] == pytest.approx(greedy_log_prob(out, 1 + len(prefix)), abs=1e-4)
+    assert "alternatives" not in data
+    with httpx.stream("POST", server.url + "/v1/translations", timeout=120,
+                      json={**LANGS, "max_tokens": MAX_TOKENS, **body, "stream": True}) as s:
+        events = [json.loads(line[6:])["data"][0] for line in s.iter_lines()
+                  if line.startswith("data: {")]
+    assert "".join(e["delta"] for e in events) == data["translation"]
+    first = next(e["delta"] for e in events if e["delta"].strip())
+    assert first.strip().startswith("one thousand nine")  # the prefix comes first, whole
+    assert [e.get("score") for e in events][-1] == pytest.approx(data["score"], abs=1e-6)
+    assert all("score" not in e for e in events[:-1])
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({"alternatives": 0}, "alternatives", "[1, 32]"),
+    ({"alternatives": 33}, "alternatives", "[1, 32]"),
+    ({"alternatives": True}, "alternatives", ""),
+    ({"alternatives": "2"}, "alternatives", ""),
+    ({"alternatives": 2, "stream": True}, "alternatives", "stream"),
+    ({"alternatives": 2, "format": "markdown"}, "alternatives", "markdown"),
+    ({"alternatives": 2, "temperature": 0.7}, "alternatives", "temperature"),
+    ({"alternatives": 2, "input": "1984. 77."}, "alternatives", "input[0] is 2 pieces"),
+    ({"alternatives": 32, "input": ["5"] * 33}, "alternatives", "1056 rows"),
+    ({"target_prefix": ["one", "two"]}, "target_prefix", "2 entries for 1 inputs"),
+    ({"target_prefix": [1]}, "target_prefix", ""),
+    ({"target_prefix": "one", "format": "html"}, "target_prefix", "html"),
+    ({"target_prefix": "one", "input": "5. 6."}, "target_prefix", "2 pieces"),
+    ({"target_prefix": "x" * 20_000}, "target_prefix", "context length"),
+    ({"return_scores": "yes"}, "return_scores", ""),
+    ({"num_return_sequences": 2}, "num_return_sequences", "alternatives"),
+])
+def test_bad_values_are_a_400_naming_the_field(server, body, param, needle):
+    r = _translate(server, {"input": "1984", **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and needle in err["message"], err

@@ -37,6 +37,7 @@ EXPECTED = [
     ("OpenAI(", "one thousand nine hundred eighty-four\nforty-two\n"),
     ("write_mllama_checkpoint", "["),
     ('"beam_size": 4', "two thousand twenty-four"),
+    ('"alternatives": 3', '"translation":"one thousand nine hundred eighty-eight","score":-0.5'),
     ('"format": "markdown"', "- [ninety thousand two hundred ten](https://example.com/7)"),
     ('"format": "markdown"', "# one thousand nine hundred eighty-four\\n\\n- forty-two `x = 7`"),
     ("num_return_sequences", "one thousand nine hundred eighty-four"),

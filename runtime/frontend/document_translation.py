@@ -32,6 +32,11 @@ from seq2serve.runtime.frontend.generate_request import (
 )
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 from seq2serve.runtime.frontend.translation import SourceEncoder, translation_request
+from seq2serve.runtime.frontend.translation_options import (
+    SourceOutputs,
+    TranslationOptions,
+    prefix_ids,
+)
 
 _NOTHING_TO_TRANSLATE = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
                          "finish_reason": {"type": "stop"}, "pieces": 0}
@@ -44,21 +49,33 @@ class DocumentJob:
     pieces: list[list[Piece]]  # per document
     batch: PieceBatch
     request: GenerateReqInput | None  # the batch's sources; None when there are none
+    outputs: SourceOutputs  # what alternatives, a target prefix, scores add to the results
 
     def results(self, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Each document's result, shaped as generate's ("text", "output_ids", "meta_info"),
-        from the sources' results in order. A document that is its own one piece gets that
-        piece's result as it is; any other gets its pieces' token counts summed, their
-        output ids joined, and the first "length" finish among them (else the last one's)."""
+        """Each document's result, shaped as generate's ("text", "output_ids", "meta_info";
+        "score", "alternatives" when asked for), from the sources' results in order (k each
+        with alternatives). A document that is its own one piece gets that piece's result
+        as it is; any other gets its pieces' token counts summed, their output ids joined,
+        the first "length" finish among them (else the last one's), and their scores
+        summed."""
         encode = encoder_of(self.fmt)
         out = []
-        for doc, pieces, rs in zip(self.documents, self.pieces, self.batch.per_document(outputs)):
+        per_source = self.outputs.results(outputs)
+        for doc, pieces, rs in zip(self.documents, self.pieces,
+                                   self.batch.per_document(per_source)):
             if _is_itself(doc, pieces, self.fmt):
                 out.append(rs[0])
                 continue
-            text = reassemble(doc, pieces, [r["text"] for r in rs], encode)
-            out.append({"text": text, "output_ids": [t for r in rs for t in r["output_ids"]],
-                        "meta_info": _merged_meta([r["meta_info"] for r in rs])})
+            result = {"text": reassemble(doc, pieces, [r["text"] for r in rs], encode),
+                      "output_ids": [t for r in rs for t in r["output_ids"]],
+                      "meta_info": _merged_meta([r["meta_info"] for r in rs])}
+            if self.outputs.return_scores:
+                result["score"] = float(sum(r["score"] for r in rs))
+            if self.outputs.alternatives is not None:  # one piece, whitespace around it
+                result["alternatives"] = [{**a, "text": reassemble(doc, pieces, [a["text"]],
+                                                                   encode)}
+                                          for a in rs[0]["alternatives"]]
+            out.append(result)
         return out
 
     async def stream(self, chunks: AsyncIterator[dict[str, Any]] | None
@@ -66,16 +83,20 @@ class DocumentJob:
         """Each document's text in order as the sources' chunks (generate's stream, "index"
         naming the source) come: {"index", "text", "meta_info": {"finish_reason"}} events
         whose texts concatenate to each document's translation; a document's last event has
-        its finish reason (the first "length" among its pieces'), the others None. Closing
-        this closes `chunks`."""
+        its finish reason (the first "length" among its pieces'), and with return_scores
+        its score (its pieces' summed), the others None. Closing this closes `chunks`."""
         stream = DocumentStream(self.documents, self.pieces, self.batch, encoder_of(self.fmt))
         reasons: dict[int, dict] = {}
+        scores: dict[int, float] = {}
 
         def shaped(e: DocumentEvent) -> dict[str, Any]:
-            reason = None
+            meta: dict[str, Any] = {"finish_reason": None}
             if e.finished:
-                reason = _worst([reasons[k] for k in dict.fromkeys(self.batch.slots[e.index])])
-            return {"index": e.index, "text": e.delta, "meta_info": {"finish_reason": reason}}
+                slots = self.batch.slots[e.index]
+                meta["finish_reason"] = _worst([reasons[k] for k in dict.fromkeys(slots)])
+                if self.outputs.return_scores:
+                    meta["score"] = float(sum(scores[k] for k in slots))
+            return {"index": e.index, "text": e.delta, "meta_info": meta}
 
         for event in stream.start():
             yield shaped(event)
@@ -83,9 +104,12 @@ class DocumentJob:
             return
         try:
             async for chunk in chunks:
+                chunk = self.outputs.streamed(chunk)
                 reason = chunk["meta_info"]["finish_reason"]
                 if reason is not None:
                     reasons[chunk["index"]] = reason
+                    if "score" in chunk:
+                        scores[chunk["index"]] = chunk["score"]
                 for event in stream.feed(chunk["index"], chunk["text"], reason is not None):
                     yield shaped(event)
         finally:  # a caller that stops reading closes the chunks: their requests abort
@@ -95,18 +119,25 @@ class DocumentJob:
 def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str], fmt: str,
                  source_lang: str, target_lang: str | list[str],
                  sampling_params: dict[str, Any], stream: bool = False,
-                 user: str | None = None) -> DocumentJob:
+                 user: str | None = None,
+                 options: TranslationOptions | None = None) -> DocumentJob:
     """The documents of a translation request as one batch of pieces. ValueError naming the
-    field (input, format, source_lang, target_lang, the limit) for what cannot be
-    translated: documents count against max_batch_inputs as inputs did, and each against
-    max_document_chars."""
+    field (input, format, source_lang, target_lang, alternatives, target_prefix,
+    return_scores, the limit) for what cannot be translated: documents count against
+    max_batch_inputs as inputs did (x beams), and each against max_document_chars."""
+    options = options or TranslationOptions()
     documents = inputs if isinstance(inputs, list) else [inputs]
     targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(documents)
     _check(tm, documents, fmt, targets, sampling_params)
+    prefixes = options.prefixes(fmt, len(documents), stream,
+                                options.target_prefix is None or tm.is_encoder_decoder)
+    one_each = options.alternatives is not None or any(prefixes)  # sentence per input
+    sampling_params = options.sampling(sampling_params)
     encoders = {t: SourceEncoder(tm, model_path, source_lang, t) for t in dict.fromkeys(targets)}
     language = segmenter_language(source_lang)
     sentences = [document_sentences(doc, fmt, language) for doc in documents]
-    encoded = _Encoded(encoders, tm.source_token_limit(_max_new_tokens(tm, sampling_params)))
+    max_new = _max_new_tokens(tm, sampling_params)
+    encoded = _Encoded(encoders, tm.source_token_limit(max_new))
     encoded.add([(s.text, t) for ss, t in zip(sentences, targets) for s in ss])
     pieces = []
     for i, (doc, ss, target) in enumerate(zip(documents, sentences, targets)):
@@ -114,20 +145,37 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
             pieces.append([p for s in ss for p in encoded.fitting(doc, s, fmt, target)])
         except ValueError as e:
             raise ValueError(f"input[{i}]: {e}") from None
-    repeatable = _deterministic(sampling_params)
+        if one_each and len(pieces[i]) != 1:
+            name = "alternatives" if options.alternatives is not None else "target_prefix"
+            raise ValueError(f"{name} takes each input as one sentence: input[{i}] is "
+                             f"{len(pieces[i])} pieces (sentences, or clauses of one over the "
+                             f"input limit); send its sentences as separate inputs")
+    repeatable = _deterministic(sampling_params) and not one_each
     shared = [repeatable and not _is_itself(doc, p, fmt) for doc, p in zip(documents, pieces)]
     batch = PieceBatch.of(pieces, targets, shared)
     rows = len(batch.sources) * rows_per_prompt(sampling_params)
     if rows > tm.limits.max_batch_inputs:
-        raise ValueError(f"input: the documents hold {len(batch.sources)} sentences to "
+        name = "alternatives" if options.alternatives is not None else "input"
+        raise ValueError(f"{name}: the documents hold {len(batch.sources)} sentences to "
                          f"translate ({rows} rows with the beams), over this server's limit of "
                          f"{tm.limits.max_batch_inputs} (max_batch_inputs) for one request")
+    # one source per document when a prefix is on (one_each: nothing is shared)
+    lead = [1 + len(encoders[t].decoder_prompt or []) for t in batch.targets]
+    prefix = (prefix_ids(tm, prefixes, lead, max_new) if any(prefixes)
+              else [[] for _ in batch.sources])
+    outputs = SourceOutputs(tm.tokenizer, prefix, sampling_params, options.alternatives,
+                            options.return_scores)
     request = None
     if batch.sources:
+        bases = [encoders[t].decoder_prompt for t in batch.targets]
         request = translation_request(
             [encoded.ids[(s, t)] for s, t in zip(batch.sources, batch.targets)],
-            [encoders[t].decoder_prompt for t in batch.targets], sampling_params, stream, user)
-    return DocumentJob(documents, fmt, pieces, batch, request)
+            [(b or []) + p if p else b for b, p in zip(bases, prefix)], sampling_params,
+            stream, user,
+            # HF's generate counts no token of a given decoder_input_ids as generated
+            forced=[0 if p else len(b or []) for b, p in zip(bases, prefix)],
+            return_logprob=outputs.logprobs)
+    return DocumentJob(documents, fmt, pieces, batch, request, outputs)
 
 
 class _Encoded:

@@ -24,6 +24,7 @@ from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
+from seq2serve.runtime.frontend.translation_options import TranslationOptions
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,9 @@ class Seq2SeqEngine:
     def translate(self, text: str | list[str], source_lang: str = "English",
                   target_lang: str | list[str] = "German", sampling_params: dict | None = None,
                   stream: bool = False, user: str | None = None,
-                  beam_size: int | None = None, format: str = "text"):
+                  beam_size: int | None = None, format: str = "text",
+                  alternatives: int | None = None,
+                  target_prefix: str | list[str] | None = None, return_scores: bool = False):
         """Translate `text` (one document or a list) into `target_lang` (one language, or one
         per document). Languages are ISO 639-1 codes ("de"), English names ("German") or the
         model's own codes ("deu_Latn"): a model whose tokenizer names its languages (NLLB,
@@ -158,10 +161,22 @@ class Seq2SeqEngine:
         (docs/translation.md). A short input that is one sentence is translated as it is,
         its result generate's; a longer document's result sums its pieces' token counts
         (meta_info "pieces"). With `stream`, each document's text comes in order:
-        {"index", "text", "meta_info": {"finish_reason"}} chunks."""
+        {"index", "text", "meta_info": {"finish_reason"}} chunks.
+
+        `alternatives` k: each result gets "alternatives", the k best translations of a beam
+        search of max(k, the beam count) beams, best first (generate's result dicts, each
+        with its "score"), the result being the first. `target_prefix` (one string, or one
+        per document): each translation starts with it (its tokens are forced after the
+        decoder's start and target-language tokens); the result's text and output_ids include
+        it. These two take each document as one sentence of format "text". `return_scores`:
+        each result gets "score" (a beam search's `beam_score`, HF's sequences_scores; else
+        the sum of the generated tokens' log-probs; a document of several pieces: its pieces'
+        summed), a stream each document's last chunk's meta_info "score". See
+        docs/translation.md."""
         sampling_params = with_beams(sampling_params, beam_size, self.translation_beams, stream)
+        options = TranslationOptions(alternatives, target_prefix, return_scores)
         job = document_job(self.tokenizer_manager, self.args.model_path, text, format,
-                           source_lang, target_lang, sampling_params, stream, user)
+                           source_lang, target_lang, sampling_params, stream, user, options)
         if stream:
             chunks = None if job.request is None else self.tokenizer_manager.generate(job.request)
             return self._sync_iter(job.stream(chunks))

@@ -29,8 +29,9 @@ class GenerateReqInput:
     image_data: Any = None
     user: str | None = None  # the caller's user id: caches are per user under isolation
     # decoder_input_ids' tokens after the start token that stand for a forced first generated
-    # token (a translation's target language; TokenizedRequest.decoder_forced)
-    decoder_forced: int = 0
+    # token (a translation's target language; TokenizedRequest.decoder_forced); one for every
+    # prompt, or a list with one per prompt
+    decoder_forced: int | list[int] = 0
     # data parallelism: show meta_info.replica (the engine's caller, an admin over HTTP: the
     # replica a request went to may tell a user that another sent the same content)
     show_replica: bool = False
@@ -63,7 +64,8 @@ class GenerateReqInput:
         n = len(items)
         for key, value in (("decoder_input_ids", self.decoder_input_ids),
                            ("sampling_params", self.sampling_params), ("rid", self.rid),
-                           ("image_data", self.image_data)):
+                           ("image_data", self.image_data),
+                           ("decoder_forced", self.decoder_forced)):
             per = _per_prompt(key, value, n, is_batch)
             for item, v in zip(items, per):
                 item[key] = v
@@ -76,6 +78,8 @@ class GenerateReqInput:
                 raise ValueError("decoder_input_ids must be a list of token ids")
             if item["rid"] is not None and not isinstance(item["rid"], str):
                 raise ValueError("rid must be a string")
+            if not _is_int(item["decoder_forced"]) or item["decoder_forced"] < 0:
+                raise ValueError("decoder_forced must be an integer >= 0 (or a list of them)")
         if self.user is not None and not isinstance(self.user, str):
             raise ValueError("user must be a string")
         if not isinstance(self.stream, bool):
@@ -105,7 +109,7 @@ def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
         return [obj]
     n = len(prompts)
     fields = {k: _per_prompt(k, getattr(obj, k), n, True) for k in
-              ("decoder_input_ids", "sampling_params", "rid", "image_data")
+              ("decoder_input_ids", "sampling_params", "rid", "image_data", "decoder_forced")
               if getattr(obj, k) is not None}
     rows = [rows_per_prompt(sp) for sp in fields.get("sampling_params", [None] * n)]
     if sum(rows) <= max_rows:
@@ -159,8 +163,10 @@ def _is_batch_of_ids(ids: Any, name: str) -> bool:
 
 def _per_prompt(key: str, value: Any, n: int, is_batch: bool) -> list[Any]:
     """Spread a per-call value over the prompts, or check a per-prompt list's length."""
-    # decoder_input_ids for a batch is a list of lists; a flat list is shared by all prompts
-    shared_ids = key == "decoder_input_ids" and not (value and isinstance(value[0], list))
+    # decoder_input_ids for a batch is a list of lists (None: that prompt has none); a flat
+    # list is shared by all prompts
+    shared_ids = key == "decoder_input_ids" and not (
+        value and (value[0] is None or isinstance(value[0], list)))
     if is_batch and isinstance(value, list) and not shared_ids:
         if len(value) != n:
             raise ValueError(f"{key} has {len(value)} entries for {n} prompts")

@@ -159,6 +159,21 @@ class TranslationLanguages:
         Marian)."""
         return [] if self.family == "marian" else [self.target_token[target]]
 
+    def target_ids_many(self, texts: list[str]) -> list[list[int]]:
+        """Each text's tokens as the tokenizer writes target text (HF's `text_target`), without
+        special tokens, and without switching the shared tokenizer to its target mode (which
+        another thread may be tokenizing sources with): the same pieces as a source for
+        NLLB, M2M100 and mBART-50; OPUS-MT's target SentencePiece model and vocabulary."""
+        if not texts:
+            return []
+        tok = self.tokenizer
+        if self.family != "marian":
+            return tok(list(texts), add_special_tokens=False).input_ids
+        vocab = tok.target_encoder if tok.separate_vocabs else tok.encoder
+        unk = vocab[tok.unk_token]  # as MarianTokenizer maps a piece its vocabulary lacks
+        return [[vocab.get(p, unk) for p in tok.spm_target.encode(t, out_type=str)]
+                for t in texts]
+
     def _read_source_specials(self) -> None:
         """(prefix, suffix) the tokenizer adds for each source language, read once here (the
         tokenizer switched to each and back), so that no request ever switches the shared

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    model_validator,
+)
 
 from seq2serve.runtime.frontend.generate_request import invalid_text
 from seq2serve.runtime.frontend.refused_fields import GRAMMAR, TOOLS, Refused
@@ -216,12 +225,14 @@ class GenerateRequest(_Body):
 
 class TranslationRequest(_Body):
     """The sampling fields a translation cannot honour (several results per input, log-probs)
-    are refused by name (`REFUSED`), as unknown fields are."""
+    are refused by name (`REFUSED`), as unknown fields are; several translations of an input
+    are `alternatives`."""
 
     REFUSED: ClassVar[dict[str, Refused]] = {
-        "n": Refused("one translation per input; send the input again for another", (None, 1)),
-        "num_return_sequences": Refused("one translation per input (the beam search's best)",
-                                        (None, 1)),
+        "n": Refused("one translation per input; send the input again for another, or ask "
+                     "for alternatives", (None, 1)),
+        "num_return_sequences": Refused("one translation per input (the beam search's best); "
+                                        "alternatives: k gives the k best", (None, 1)),
         "logprobs": Refused("translations do not return log-probs; use /generate",
                             (None, False)),
         "best_of": Refused("one translation per input", (None, 1)),
@@ -247,6 +258,11 @@ class TranslationRequest(_Body):
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = Field(default=None, ge=0)
     stop: Stop = None
+    # issue 42 (docs/translation.md): LibreTranslate's alternatives (the k best of a beam
+    # search), CTranslate2's target_prefix (one for every input, or one per input), scores
+    alternatives: StrictInt | None = None
+    target_prefix: StrictStr | list[StrictStr] | None = None
+    return_scores: StrictBool = False
     # refused by name (see REFUSED)
     n: int | None = None
     num_return_sequences: int | None = None

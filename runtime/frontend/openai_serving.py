@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.refused_fields import first_refusal
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
 from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
+from seq2serve.runtime.frontend.translation_options import TranslationOptions
 
 _DISCONNECT_POLL_S = 0.2
 
@@ -359,7 +361,8 @@ class OpenAIServing:
     async def translations(self, body: TranslationRequest, request: Request):
         """Each input is a document (`format`: text, markdown, html): its pieces, those of every
         document together, go as one batch; the results are put back into the documents
-        (`document_translation.py`). `usage` counts the pieces sent (a repeated one once)."""
+        (`document_translation.py`). `usage` counts the pieces sent (a repeated one once).
+        `alternatives`, `target_prefix` and `return_scores`: `translation_options.py`."""
         self.check_model(body.model)
         texts = body.input if isinstance(body.input, list) else [body.input]
         if not texts:
@@ -377,12 +380,13 @@ class OpenAIServing:
               if v is not None}
         sp.setdefault("temperature", 0.0)  # translation wants the most likely output
         sp = with_beams(sp, body.beam_size, self.translation_beams, body.stream)
+        options = TranslationOptions(body.alternatives, body.target_prefix, body.return_scores)
         try:
             # segments and tokenizes each document: off the event loop
             job = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: document_job(self.tm, self.model_path, body.input, body.format,
                                            body.source_lang, body.target_lang, sp,
-                                           body.stream, body.user))
+                                           body.stream, body.user, options))
         except ValueError as e:
             raise RequestError(str(e), param=_translation_param(str(e))) from None
         rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())
@@ -394,26 +398,40 @@ class OpenAIServing:
 
             async def events():
                 async for e in job.stream(chunks):
+                    meta = e["meta_info"]
+                    data = {"index": e["index"], "delta": e["text"],
+                            "finish_reason": _finish(meta["finish_reason"])}
+                    if "score" in meta:  # return_scores: with a document's last event
+                        data["score"] = meta["score"]
                     yield _sse({"id": rid, "object": "translation.chunk", "created": created,
-                                "model": self.model_name,
-                                "data": [{"index": e["index"], "delta": e["text"],
-                                          "finish_reason": _finish(
-                                              e["meta_info"]["finish_reason"])}]})
+                                "model": self.model_name, "data": [data]})
                 yield "data: [DONE]\n\n"
 
             return sse_response(events())
         results = [] if job.request is None else await self.collect(job.request, request)
         return {"id": rid, "object": "translation", "created": created, "model": self.model_name,
-                "data": [{"index": i, "translation": r["text"],
-                          "finish_reason": _finish(r["meta_info"]["finish_reason"])}
-                         for i, r in enumerate(job.results(results))],
-                "usage": self._usage(results, 1)}
+                "data": [_translation_data(i, r, body) for i, r in enumerate(job.results(results))],
+                "usage": self._usage(results, body.alternatives or 1)}
+
+
+def _translation_data(index: int, result: dict[str, Any], body: TranslationRequest
+                      ) -> dict[str, Any]:
+    data = {"index": index, "translation": result["text"],
+            "finish_reason": _finish(result["meta_info"]["finish_reason"])}
+    if body.return_scores:
+        data["score"] = result["score"]
+    if body.alternatives is not None:
+        data["alternatives"] = [{"translation": a["text"], "score": a["score"]}
+                                for a in result["alternatives"]]
+    return data
 
 
 def _translation_param(message: str) -> str:
-    """The field a translation's ValueError is about (its message starts with it)."""
-    for name in ("source_lang", "target_lang", "format", "n", "num_return_sequences"):
-        if message.startswith(name):
+    """The field a translation's ValueError is about (its message starts with it: a whole
+    word, so that "num_return_sequences ..." is not about "n")."""
+    for name in ("source_lang", "target_lang", "format", "n", "num_return_sequences",
+                 "alternatives", "target_prefix", "return_scores"):
+        if re.match(rf"{name}\b", message):
             return name
     return "input"
 

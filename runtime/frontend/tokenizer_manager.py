@@ -148,7 +148,7 @@ class TokenizerManager:
                 sp.max_new_tokens = min(sp.max_new_tokens, cap)  # a default, not a request
             self._check_limits(sp)
             _check_beams(sp, obj)
-            enc, dec, forced = self._token_ids(item, obj.decoder_forced)
+            enc, dec, forced = self._token_ids(item, item["decoder_forced"])
             spans = None
             if self.image_processor is not None:
                 spans = cross_spans(dec, self.info["image_token_id"],

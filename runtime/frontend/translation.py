@@ -102,12 +102,17 @@ class SourceEncoder:
 
 def translation_request(encoded: list[list[int]], decoder_prompts: list[list[int] | None],
                         sampling_params: dict[str, Any], stream: bool = False,
-                        user: str | None = None) -> GenerateReqInput:
+                        user: str | None = None, forced: list[int] | None = None,
+                        return_logprob: bool = False) -> GenerateReqInput:
     """Encoded sources (`SourceEncoder.encode`) and their decoder prompts (each target's
-    forced language token; None for a prompt template) as one batch for generate."""
+    forced language token, then any target prefix's tokens; None for a prompt template) as
+    one batch for generate. `forced`: each prompt's tokens that stand for generated ones (a
+    beam search counts them in its length penalty, as HF counts its forced first token);
+    unset: all of the first prompt's."""
+    common = {"sampling_params": sampling_params, "stream": stream, "user": user,
+              "return_logprob": return_logprob}
     if all(d is None for d in decoder_prompts):
-        return GenerateReqInput(input_ids=encoded, sampling_params=sampling_params,
-                                stream=stream, user=user)
+        return GenerateReqInput(input_ids=encoded, **common)
     return GenerateReqInput(input_ids=encoded, decoder_input_ids=decoder_prompts,
-                            decoder_forced=len(decoder_prompts[0]),
-                            sampling_params=sampling_params, stream=stream, user=user)
+                            decoder_forced=len(decoder_prompts[0] or []) if forced is None
+                            else forced, **common)
