@@ -18,13 +18,7 @@ from pydantic import (
 )
 
 from seq2serve.runtime.frontend.generate_request import invalid_text
-from seq2serve.runtime.frontend.refused_fields import (
-    FUNCTIONS,
-    GRAMMAR,
-    STRICT_TOOLS,
-    TOOL_CHOICE,
-    Refused,
-)
+from seq2serve.runtime.frontend.refused_fields import FUNCTIONS, GRAMMAR, TOOL_CHOICE, Refused
 
 Stop = str | list[str] | None
 Language = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -163,7 +157,9 @@ class ChatMessage(_Body):
 
 
 class FunctionDefinition(_Body):
-    REFUSED: ClassVar[dict[str, Refused]] = {"strict": Refused(STRICT_TOOLS, (None, False))}
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "strict": Refused("a strict schema needs constrained decoding: " + GRAMMAR, (None, False)),
+    }
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema of an object
