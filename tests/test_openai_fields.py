@@ -185,8 +185,11 @@ CHAT: dict[str, list[tuple]] = {
     "response_format": [({"type": "text"}, ok, {}), ({"type": "json_object"}, REFUSED, {}),
                         ({"type": "json_schema", "json_schema": {"name": "s", "schema": {}}},
                          REFUSED, {})],
+    # tool calling: the demo T5 has no tool support (test_tool_calling.py: a Llama 3.x's);
+    # "auto" and parallel_tool_calls without tools, and "required", are refused on any model
     "tool_choice": [("none", ok, {}), ("auto", REFUSED, {}), ("required", REFUSED, {})],
-    "tools": [([{"type": "function", "function": FUNCTION}], REFUSED, {})],
+    "tools": [([{"type": "function", "function": FUNCTION}], REFUSED, {}),
+              ([{"type": "function", "function": FUNCTION}], ok, {"tool_choice": "none"})],
     "functions": [([FUNCTION], REFUSED, {})],
     "function_call": [("none", ok, {}), ("auto", REFUSED, {})],
     "parallel_tool_calls": [(False, REFUSED, {})],
@@ -207,8 +210,10 @@ MESSAGE: dict[str, list[tuple]] = {
     "name": [("user", "bob", REFUSED)],
     "refusal": [("assistant", "no", REFUSED)],
     "audio": [("assistant", {"id": "audio_1"}, REFUSED)],
+    # no tool support in the demo T5 (test_tool_calling.py: a Llama 3.x's)
     "tool_calls": [("assistant", [{"id": "c", "type": "function",
-                                   "function": {"name": "f", "arguments": "{}"}}], REFUSED)],
+                                   "function": {"name": "f", "arguments": "{}"}}], REFUSED),
+                   ("assistant", [], ok)],
     "function_call": [("assistant", {"name": "f", "arguments": "{}"}, REFUSED)],
     "tool_call_id": [("tool", "call_1", REFUSED)],
 }

@@ -16,11 +16,12 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    field_validator,
     model_validator,
 )
 
 from seq2serve.runtime.frontend.generate_request import invalid_text
-from seq2serve.runtime.frontend.refused_fields import GRAMMAR, TOOLS, Refused
+from seq2serve.runtime.frontend.refused_fields import FUNCTIONS, GRAMMAR, TOOL_CHOICE, Refused
 
 Stop = str | list[str] | None
 Language = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -120,28 +121,74 @@ class CompletionRequest(_OpenAISampling):
     best_of: Any = None
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str  # a JSON object (tool_use.py checks it)
+
+
+class MessageToolCall(_Body):
+    """A call an assistant message made (a function tool's: OpenAI's custom tools are not
+    taken)."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
-    """A message: its role and content go through the chat template; the fields a message of
-    tool calling or of audio has are refused by name."""
+    """A message: its role and content go through the chat template, with an assistant's
+    `tool_calls` and a tool result's `tool_call_id` where the template takes tools
+    (`tool_use.py`); the fields a message of the functions API or of audio has are refused by
+    name."""
 
     REFUSED: ClassVar[dict[str, Refused]] = {
         "name": Refused("the chat template gets a message's role and content only; put the "
                         "name in the content"),
-        "tool_calls": Refused(TOOLS, (None, [])),
-        "tool_call_id": Refused(TOOLS),
-        "function_call": Refused(TOOLS),
+        "function_call": Refused(FUNCTIONS),
         "audio": Refused("these models take and make no audio"),
         "refusal": Refused("a refusal is not rendered into the prompt; send it as content"),
     }
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
     # refused by name (REFUSED)
     name: Any = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
     function_call: Any = None
     audio: Any = None
     refusal: Any = None
+
+
+class FunctionDefinition(_Body):
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "strict": Refused("a strict schema needs constrained decoding: " + GRAMMAR, (None, False)),
+    }
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of an object
+    strict: Any = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema and schema.get("type", "object") != "object":
+            raise ValueError('must be a JSON Schema of an object ("type": "object")')
+        if schema and not isinstance(schema.get("properties", {}), dict):
+            raise ValueError("properties must be an object (a JSON Schema per argument)")
+        return schema
+
+
+class FunctionTool(_Body):
+    type: str
+    function: FunctionDefinition
+
+    @field_validator("type")
+    @classmethod
+    def _function_only(cls, kind: str) -> str:
+        if kind != "function":
+            raise ValueError(f"only function tools are taken here, not {kind!r} (a custom "
+                             f"tool's free-form input has no Llama 3 call format)")
+        return kind
 
 
 _PROMPT_CACHE_DEFAULTS = ({}, {"mode": "implicit"}, {"ttl": "30m"},
@@ -155,11 +202,9 @@ class ChatCompletionRequest(_OpenAISampling):
 
     REFUSED: ClassVar[dict[str, Refused]] = {
         **_OpenAISampling.REFUSED,
-        "tools": Refused(TOOLS, (None, [])),
-        "tool_choice": Refused(TOOLS + '; only "none"', (None, "none")),
-        "functions": Refused(TOOLS, (None, [])),
-        "function_call": Refused(TOOLS + '; only "none"', (None, "none")),
-        "parallel_tool_calls": Refused(TOOLS),
+        "tool_choice": Refused(TOOL_CHOICE, (None, "none", "auto")),
+        "functions": Refused(FUNCTIONS, (None, [])),
+        "function_call": Refused(FUNCTIONS + '; only "none"', (None, "none")),
         "audio": Refused("these models make no audio"),
         "modalities": Refused('text is the only output: only ["text"]', (None, ["text"])),
         "prediction": Refused("predicted outputs are not implemented"),
@@ -187,12 +232,13 @@ class ChatCompletionRequest(_OpenAISampling):
     metadata: dict[str, str] | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    # refused by name (REFUSED)
-    tools: Any = None
+    # tools: for a Llama 3.x chat model (tool_use.py); tool_choice "auto" or "none" (REFUSED)
+    tools: list[FunctionTool] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # refused by name (REFUSED)
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None

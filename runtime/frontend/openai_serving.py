@@ -26,6 +26,8 @@ from seq2serve.runtime.frontend.openai_protocol import (
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.refused_fields import first_refusal
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
+from seq2serve.runtime.frontend.tool_calls import ToolCallStream, message_of
+from seq2serve.runtime.frontend.tool_use import ToolRequestError, ToolUse, tool_use
 from seq2serve.runtime.frontend.translation import default_num_beams, with_beams
 from seq2serve.runtime.frontend.translation_options import TranslationOptions
 
@@ -256,12 +258,15 @@ class OpenAIServing:
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         self.check_beams(body, body.logprobs)
-        messages = [m.model_dump(include={"role", "content"}, exclude_none=True)
-                    for m in body.messages]
-        for m in messages:
-            m.setdefault("content", "")
-        prompt = await asyncio.get_running_loop().run_in_executor(
-            None, chat_prompt, self.tm.tokenizer, messages)  # a template, maybe tokenizing
+
+        def render() -> tuple[ToolUse, dict[str, Any]]:  # templates, maybe tokenizing
+            tools = tool_use(body, self.tm.tokenizer, self.tm.info["architecture"])
+            return tools, chat_prompt(self.tm.tokenizer, tools.messages, tools.tools)
+
+        try:
+            tools, prompt = await asyncio.get_running_loop().run_in_executor(None, render)
+        except ToolRequestError as e:
+            raise RequestError(str(e), param=e.param) from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         obj = GenerateReqInput(text=prompt.get("text"), input_ids=prompt.get("input_ids"),
                                image_data=prompt.get("image_data") or None,
@@ -270,15 +275,16 @@ class OpenAIServing:
                                top_logprobs_num=body.top_logprobs or 0, user=body.user)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return await self._stream_chat(obj, body, rid, created)
+            return await self._stream_chat(obj, body, rid, created, tools)
         results = await self.collect(obj, request)
-        choices = [{"index": i, "message": {"role": "assistant", "content": r["text"]},
+        outs = [tools.read(r["text"], _finish(r["meta_info"]["finish_reason"])) for r in results]
+        choices = [{"index": i, "message": message_of(out),
                     "logprobs": {"content": self._chat_logprobs(
                         r["meta_info"].get("output_token_logprobs", []),
                         r["meta_info"].get("output_top_logprobs", []))}
                     if body.logprobs else None,
-                    "finish_reason": _finish(r["meta_info"]["finish_reason"])}
-                   for i, r in enumerate(results)]
+                    "finish_reason": out.finish_reason}
+                   for i, (r, out) in enumerate(zip(results, outs))]
         return {"id": rid, "object": "chat.completion", "created": created,
                 "model": self.model_name, "choices": choices,
                 "usage": self._usage(results, self.results_per_prompt(body))}
@@ -295,7 +301,7 @@ class OpenAIServing:
             out.append(e)
         return out
 
-    async def _stream_chat(self, obj, body, rid, created):
+    async def _stream_chat(self, obj, body, rid, created, tools: ToolUse):
         first, agen = await self._first(self.tm.generate(obj))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -305,9 +311,11 @@ class OpenAIServing:
 
         async def events():
             for i in range(body.n):
-                yield _sse(chunk_of([{"index": i, "delta": {"role": "assistant", "content": ""},
+                opening = {"role": "assistant", "content": None if tools.reads_calls else ""}
+                yield _sse(chunk_of([{"index": i, "delta": opening,
                                       "logprobs": None, "finish_reason": None}]))
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            calls: dict[int, ToolCallStream | None] = {}  # per choice, when tools are read
             chunk = first
             while chunk is not None:
                 finish = _finish(chunk["meta_info"]["finish_reason"])
@@ -317,7 +325,9 @@ class OpenAIServing:
                     pairs = list(zip(chunk.get("logprobs", []), chunk["output_ids"]))
                     choice["logprobs"] = {"content": self._chat_logprobs(
                         pairs, chunk.get("top_logprobs", []))}
-                yield _sse(chunk_of([choice]))
+                stream = calls.setdefault(chunk["index"], tools.stream())
+                for sent in stream.feed(choice) if stream else [choice]:
+                    yield _sse(chunk_of([sent]))
                 if finish is not None:
                     self._count_usage(usage, chunk, body.n)
                 chunk = await anext(agen, None)

@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+import jinja2
+
 T5_TRANSLATION_TEMPLATE = "translate {source_lang} to {target_lang}: {text}"
 TEMPLATE_FILE = "seq2serve.json"  # optional, in the model directory: {"translation_template": …}
 
@@ -20,14 +22,16 @@ def translation_prompt(model_path: str, text: str, source_lang: str, target_lang
     return template.format(source_lang=source_lang, target_lang=target_lang, text=text)
 
 
-def chat_prompt(tokenizer, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_prompt(tokenizer, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Render chat messages as generate's input.
 
     With a chat template: {"input_ids", "image_data"} (the template writes the special tokens
-    and an <|image|> per image part). Without one: {"text"}, each message's text on its own
+    and an <|image|> per image part; `tools`, OpenAI's function tools, go to it as HF's
+    `apply_chat_template` takes them). Without one: {"text"}, each message's text on its own
     line (roles dropped), which suits text-to-text models. Image parts may be OpenAI's
     {"type": "image_url", "image_url": {"url": ...}} or {"type": "image", "image": <any image
-    input>}.
+    input>}. A template that refuses the messages (its `raise_exception`) is a ValueError.
     """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
@@ -37,8 +41,11 @@ def chat_prompt(tokenizer, messages: list[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"messages[{i}] must have 'role' and 'content'")
         rendered.append({**m, "content": _parts(m["content"], i, images)})
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(rendered, tokenize=False,
-                                             add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(rendered, tools=tools, tokenize=False,
+                                                 add_generation_prompt=True)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"the model's chat template refused these messages: {e}") from None
         return {"input_ids": tokenizer(text, add_special_tokens=False).input_ids,
                 "image_data": images}
     if images:

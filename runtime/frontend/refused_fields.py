@@ -16,7 +16,11 @@ from pydantic import BaseModel
 
 GRAMMAR = ("constrained decoding (JSON mode, JSON schemas, regexes, grammars) is not "
            "implemented yet: the grammar backend is future work (issue 41)")
-TOOLS = "tool calling is not implemented yet (future work, issue 41)"
+TOOL_CHOICE = ('only "auto" and "none": "required" and a named function need constrained '
+               "decoding, which is not supported yet (the grammar backend is future work, "
+               "issue 41); for allowed_tools, send only the allowed tools")
+FUNCTIONS = ("the deprecated functions API is not implemented: send tools and tool_choice "
+             "instead")
 
 
 @dataclass(frozen=True)
