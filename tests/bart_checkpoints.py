@@ -106,7 +106,9 @@ def _spm_tokenizer(cls, model_type: str, out: Path, **kwargs):
     return tok
 
 
-def tokenizer_for(family: str, out: Path):
+def tokenizer_for(family: str, out: Path, nllb_codes: list[str] | None = None):
+    """`family`'s tokenizer, saved files in `out`; NLLB's with `nllb_codes` (default
+    NLLB_CODES)."""
     from transformers import MBart50Tokenizer, NllbTokenizer
 
     if family == "marian":
@@ -115,7 +117,7 @@ def tokenizer_for(family: str, out: Path):
         return _m2m100_tokenizer(out)
     if family == "nllb":
         return _spm_tokenizer(NllbTokenizer, "bpe", out, src_lang="eng_Latn",
-                              extra_special_tokens=NLLB_CODES)
+                              extra_special_tokens=nllb_codes or NLLB_CODES)
     return _spm_tokenizer(MBart50Tokenizer, "unigram", out, src_lang="en_XX")
 
 
@@ -155,11 +157,12 @@ def _randomize(model, seed: int) -> None:
 def write_bart_checkpoint(family: str, out: Path, seed: int = 0, **overrides) -> Path:
     """A tiny random checkpoint of `family` ("marian", "m2m100", "nllb", "mbart") with its
     tokenizer and generation_config.json, in `out`; `overrides` set config fields (a pad id
-    other than the family's, forced_eos_token_id, ...)."""
+    other than the family's, forced_eos_token_id, ...), except `nllb_codes`: NLLB's
+    languages."""
     from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
     out.mkdir(parents=True, exist_ok=True)
-    tok = tokenizer_for(family, out)
+    tok = tokenizer_for(family, out, overrides.pop("nllb_codes", None))
     tok.save_pretrained(str(out))
     cfg = _hf_config(family, tok, CONFIGS[family])
     forced_eos = overrides.pop("forced_eos_token_id", None)  # a generation setting in HF 5

@@ -225,6 +225,7 @@ def test_a_document_over_the_size_limit_is_refused_naming_it(tight):
     ({"input": "x", "format": "html", "beam_size": 2, "stream": True}, "stream cannot"),
     ({"input": ["x"] * 1025, "format": "markdown"}, "max_batch_inputs"),
     ({"input": " ".join(f"Line {i}." for i in range(1100))}, "1100 sentences to translate"),
+    ({"input": "5 6", "source_lang": "auto"}, "lists no languages"),  # T5: a prompt template
 ])
 def test_bad_document_requests_get_a_400(server, body, needle):
     r = _translate(server, body)

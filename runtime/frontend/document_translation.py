@@ -5,8 +5,10 @@ as one batch, and the results put back into each document.
 A document that is one piece, itself (a short text input, as `/v1/translations` took before
 documents), is one request whose result is returned as it is; repeats of such inputs stay
 separate requests (the encoder cache spares their encoder passes). The pieces of every other
-document are sent once per distinct (text, target language) when decoding is deterministic
-(greedy, beams, or seeded), and their translations fanned back out."""
+document are sent once per distinct (text, source and target language) when decoding is
+deterministic (greedy, beams, or seeded), and their translations fanned back out. With
+`source_lang: "auto"` each document's source language is detected from its text
+(`language_detection.py`) and reported with its result (`detected_language`)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from seq2serve.runtime.frontend.documents.document_pieces import (
     FORMATS,
     cut_to_fit,
     document_sentences,
+    document_text,
     encoder_of,
 )
 from seq2serve.runtime.frontend.documents.document_stream import DocumentEvent, DocumentStream
@@ -30,6 +33,11 @@ from seq2serve.runtime.frontend.generate_request import (
     invalid_text,
     rows_per_prompt,
 )
+from seq2serve.runtime.frontend.language_detection import (
+    SAMPLE_CHARS,
+    detected_source,
+    is_auto,
+)
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
 from seq2serve.runtime.frontend.translation import SourceEncoder, translation_request
 from seq2serve.runtime.frontend.translation_options import (
@@ -38,6 +46,7 @@ from seq2serve.runtime.frontend.translation_options import (
     prefix_ids,
 )
 
+Route = tuple[str, str]  # a source's (source language, target language)
 _NOTHING_TO_TRANSLATE = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
                          "finish_reason": {"type": "stop"}, "pieces": 0}
 
@@ -50,6 +59,7 @@ class DocumentJob:
     batch: PieceBatch
     request: GenerateReqInput | None  # the batch's sources; None when there are none
     outputs: SourceOutputs  # what alternatives, a target prefix, scores add to the results
+    detected: list[dict[str, Any]] | None = None  # per document, with source_lang "auto"
 
     def results(self, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each document's result, shaped as generate's ("text", "output_ids", "meta_info";
@@ -57,7 +67,7 @@ class DocumentJob:
         with alternatives). A document that is its own one piece gets that piece's result
         as it is; any other gets its pieces' token counts summed, their output ids joined,
         the first "length" finish among them (else the last one's), and their scores
-        summed."""
+        summed. With source_lang "auto", each has the `detected_language` of its document."""
         encode = encoder_of(self.fmt)
         out = []
         per_source = self.outputs.results(outputs)
@@ -76,6 +86,8 @@ class DocumentJob:
                                                                    encode)}
                                           for a in rs[0]["alternatives"]]
             out.append(result)
+        if self.detected is not None:
+            out = [{**r, "detected_language": d} for r, d in zip(out, self.detected)]
         return out
 
     async def stream(self, chunks: AsyncIterator[dict[str, Any]] | None
@@ -84,10 +96,12 @@ class DocumentJob:
         naming the source) come: {"index", "text", "meta_info": {"finish_reason"}} events
         whose texts concatenate to each document's translation; a document's last event has
         its finish reason (the first "length" among its pieces'), and with return_scores
-        its score (its pieces' summed), the others None. Closing this closes `chunks`."""
+        its score (its pieces' summed), the others None; with source_lang "auto", a
+        document's first event has its `detected_language`. Closing this closes `chunks`."""
         stream = DocumentStream(self.documents, self.pieces, self.batch, encoder_of(self.fmt))
         reasons: dict[int, dict] = {}
         scores: dict[int, float] = {}
+        announced: set[int] = set()
 
         def shaped(e: DocumentEvent) -> dict[str, Any]:
             meta: dict[str, Any] = {"finish_reason": None}
@@ -96,7 +110,11 @@ class DocumentJob:
                 meta["finish_reason"] = _worst([reasons[k] for k in dict.fromkeys(slots)])
                 if self.outputs.return_scores:
                     meta["score"] = float(sum(scores[k] for k in slots))
-            return {"index": e.index, "text": e.delta, "meta_info": meta}
+            out = {"index": e.index, "text": e.delta, "meta_info": meta}
+            if self.detected is not None and e.index not in announced:
+                announced.add(e.index)
+                out["detected_language"] = self.detected[e.index]
+            return out
 
         for event in stream.start():
             yield shaped(event)
@@ -124,7 +142,8 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
     """The documents of a translation request as one batch of pieces. ValueError naming the
     field (input, format, source_lang, target_lang, alternatives, target_prefix,
     return_scores, the limit) for what cannot be translated: documents count against
-    max_batch_inputs as inputs did (x beams), and each against max_document_chars."""
+    max_batch_inputs as inputs did (x beams), and each against max_document_chars.
+    `source_lang` "auto": each document's own, detected."""
     options = options or TranslationOptions()
     documents = inputs if isinstance(inputs, list) else [inputs]
     targets = target_lang if isinstance(target_lang, list) else [target_lang] * len(documents)
@@ -133,16 +152,18 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
                                 options.target_prefix is None or tm.is_encoder_decoder)
     one_each = options.alternatives is not None or any(prefixes)  # sentence per input
     sampling_params = options.sampling(sampling_params)
-    encoders = {t: SourceEncoder(tm, model_path, source_lang, t) for t in dict.fromkeys(targets)}
-    language = segmenter_language(source_lang)
-    sentences = [document_sentences(doc, fmt, language) for doc in documents]
+    sources, detected = _sources(tm, documents, fmt, source_lang)
+    routes = list(zip(sources, targets))
+    encoders = {r: SourceEncoder(tm, model_path, *r) for r in dict.fromkeys(routes)}
+    sentences = [document_sentences(doc, fmt, segmenter_language(source))
+                 for doc, source in zip(documents, sources)]
     max_new = _max_new_tokens(tm, sampling_params)
     encoded = _Encoded(encoders, tm.source_token_limit(max_new))
-    encoded.add([(s.text, t) for ss, t in zip(sentences, targets) for s in ss])
+    encoded.add([(s.text, r) for ss, r in zip(sentences, routes) for s in ss])
     pieces = []
-    for i, (doc, ss, target) in enumerate(zip(documents, sentences, targets)):
+    for i, (doc, ss, route) in enumerate(zip(documents, sentences, routes)):
         try:
-            pieces.append([p for s in ss for p in encoded.fitting(doc, s, fmt, target)])
+            pieces.append([p for s in ss for p in encoded.fitting(doc, s, fmt, route)])
         except ValueError as e:
             raise ValueError(f"input[{i}]: {e}") from None
         if one_each and len(pieces[i]) != 1:
@@ -152,7 +173,7 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
                              f"input limit); send its sentences as separate inputs")
     repeatable = _deterministic(sampling_params) and not one_each
     shared = [repeatable and not _is_itself(doc, p, fmt) for doc, p in zip(documents, pieces)]
-    batch = PieceBatch.of(pieces, targets, shared)
+    batch = PieceBatch.of(pieces, routes, shared)  # its "targets" are the routes
     rows = len(batch.sources) * rows_per_prompt(sampling_params)
     if rows > tm.limits.max_batch_inputs:
         name = "alternatives" if options.alternatives is not None else "input"
@@ -160,14 +181,14 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
                          f"translate ({rows} rows with the beams), over this server's limit of "
                          f"{tm.limits.max_batch_inputs} (max_batch_inputs) for one request")
     # one source per document when a prefix is on (one_each: nothing is shared)
-    lead = [1 + len(encoders[t].decoder_prompt or []) for t in batch.targets]
+    lead = [1 + len(encoders[r].decoder_prompt or []) for r in batch.targets]
     prefix = (prefix_ids(tm, prefixes, lead, max_new) if any(prefixes)
               else [[] for _ in batch.sources])
     outputs = SourceOutputs(tm.tokenizer, prefix, sampling_params, options.alternatives,
                             options.return_scores)
     request = None
     if batch.sources:
-        bases = [encoders[t].decoder_prompt for t in batch.targets]
+        bases = [encoders[r].decoder_prompt for r in batch.targets]
         request = translation_request(
             [encoded.ids[(s, t)] for s, t in zip(batch.sources, batch.targets)],
             [(b or []) + p if p else b for b, p in zip(bases, prefix)], sampling_params,
@@ -175,31 +196,42 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
             # HF's generate counts no token of a given decoder_input_ids as generated
             forced=[0 if p else len(b or []) for b, p in zip(bases, prefix)],
             return_logprob=outputs.logprobs)
-    return DocumentJob(documents, fmt, pieces, batch, request, outputs)
+    return DocumentJob(documents, fmt, pieces, batch, request, outputs, detected)
+
+
+def _sources(tm: TokenizerManager, documents: list[str], fmt: str,
+             source_lang: str) -> tuple[list[str], list[dict[str, Any]] | None]:
+    """Each document's source language, and with "auto" what was detected (per document)."""
+    if not is_auto(source_lang):
+        return [source_lang] * len(documents), None
+    found = [detected_source(tm.languages, document_text(doc, fmt, SAMPLE_CHARS), f"input[{i}]")
+             for i, doc in enumerate(documents)]
+    return [code for code, _ in found], [d for _, d in found]
 
 
 class _Encoded:
-    """Every sentence's encoder input, tokenized in one call per target language; a sentence
-    over the input limit is cut at clause boundaries (its pieces tokenized as it is cut)."""
+    """Every sentence's encoder input, tokenized in one call per route (source and target
+    language); a sentence over the input limit is cut at clause boundaries (its pieces
+    tokenized as it is cut)."""
 
-    def __init__(self, encoders: dict[str, SourceEncoder], limit: int) -> None:
+    def __init__(self, encoders: dict[Route, SourceEncoder], limit: int) -> None:
         self.encoders, self.limit = encoders, limit
-        self.ids: dict[tuple[str, str], list[int]] = {}  # (text, target) -> encoder input
+        self.ids: dict[tuple[str, Route], list[int]] = {}  # (text, route) -> encoder input
 
-    def add(self, keys: list[tuple[str, str]]) -> None:
+    def add(self, keys: list[tuple[str, Route]]) -> None:
         todo = [k for k in dict.fromkeys(keys) if k not in self.ids]
-        for target, encoder in self.encoders.items():
-            texts = [text for text, t in todo if t == target]
-            self.ids.update(zip(((text, target) for text in texts), encoder.encode(texts)))
+        for route, encoder in self.encoders.items():
+            texts = [text for text, r in todo if r == route]
+            self.ids.update(zip(((text, route) for text in texts), encoder.encode(texts)))
 
-    def fits(self, text: str, target: str) -> bool:
-        self.add([(text, target)])
-        return len(self.ids[(text, target)]) <= self.limit
+    def fits(self, text: str, route: Route) -> bool:
+        self.add([(text, route)])
+        return len(self.ids[(text, route)]) <= self.limit
 
-    def fitting(self, doc: str, sentence: Piece, fmt: str, target: str) -> list[Piece]:
-        if len(self.ids[(sentence.text, target)]) <= self.limit:
+    def fitting(self, doc: str, sentence: Piece, fmt: str, route: Route) -> list[Piece]:
+        if len(self.ids[(sentence.text, route)]) <= self.limit:
             return [sentence]
-        return cut_to_fit(doc, sentence, fmt, lambda text: self.fits(text, target))
+        return cut_to_fit(doc, sentence, fmt, lambda text: self.fits(text, route))
 
 
 def _check(tm: TokenizerManager, documents: list, fmt: str, targets: list,

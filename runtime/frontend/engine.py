@@ -152,7 +152,9 @@ class Seq2SeqEngine:
         ValueError naming its languages for one it lacks; any other gets its prompt template
         (T5's convention when it has none). `beam_size` is sampling_params' num_beams; with
         neither, the model directory's generation_config.json `num_beams` (1 without one, and
-        for a stream).
+        for a stream). `source_lang="auto"` detects each document's language: its result (a
+        stream: its first chunk) has `detected_language` ({"language": ISO code,
+        "confidence": 0..100, "source_lang": the model's code}; docs/translation.md).
 
         `format` ("text", "markdown" or "html") says how the documents are written: each is
         cut into sentences (in markdown and HTML, of its text only; a sentence over the

@@ -30,12 +30,14 @@ from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_l
 from seq2serve.runtime.frontend.http_drain import DrainingServer
 from seq2serve.runtime.frontend.http_middleware import ADMIN_SCOPE, AuthAndCount
 from seq2serve.runtime.frontend.http_protocol import header_deadline_protocol
+from seq2serve.runtime.frontend.language_detection import detect_response
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.metrics import ServerMetrics
 from seq2serve.runtime.frontend.openai_protocol import (
     AbortBody,
     ChatCompletionRequest,
     CompletionRequest,
+    DetectRequest,
     GenerateRequest,
     TokenizeRequest,
     TranslationRequest,
@@ -144,6 +146,18 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     @app.post("/v1/translations")
     async def translations(body: TranslationRequest, request: Request):
         return await serving.translations(body, request)
+
+    @app.post("/v1/detect")
+    async def detect(body: DetectRequest):
+        """LibreTranslate's /detect: each text's likeliest languages, best first (the
+        identifier runs on a worker thread; a large body is parsed off the loop too)."""
+        serving.refuse(body, "/v1/detect")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, detect_response, body.q, tm.limits.max_batch_inputs,
+                tm.limits.max_document_chars)
+        except ValueError as e:
+            raise RequestError(str(e), param="q") from None
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

@@ -327,3 +327,15 @@ class TokenizeRequest(_Body):
 class AbortBody(_Body):
     rid: str
     user: str | None = None  # the user who sent the request (rids are per user)
+
+
+class DetectRequest(_Body):
+    """LibreTranslate's /detect body: one text or a list. LibreTranslate clients send their key
+    as `api_key`; here it goes in the Authorization header, so a key in the body is refused."""
+
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "api_key": Refused("send the API key as 'Authorization: Bearer KEY'; a key in the body "
+                           "is not read", (None, "")),
+    }
+    q: str | list[str]
+    api_key: str | None = None

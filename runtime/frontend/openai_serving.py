@@ -413,6 +413,8 @@ class OpenAIServing:
                             "finish_reason": _finish(meta["finish_reason"])}
                     if "score" in meta:  # return_scores: with a document's last event
                         data["score"] = meta["score"]
+                    if "detected_language" in e:  # source_lang auto: a document's first event
+                        data["detected_language"] = e["detected_language"]
                     yield _sse({"id": rid, "object": "translation.chunk", "created": created,
                                 "model": self.model_name, "data": [data]})
                 yield "data: [DONE]\n\n"
@@ -433,6 +435,8 @@ def _translation_data(index: int, result: dict[str, Any], body: TranslationReque
     if body.alternatives is not None:
         data["alternatives"] = [{"translation": a["text"], "score": a["score"]}
                                 for a in result["alternatives"]]
+    if "detected_language" in result:  # source_lang auto
+        data["detected_language"] = result["detected_language"]
     return data
 
 

@@ -44,6 +44,19 @@ def document_sentences(document: str, fmt: str, language: str) -> list[Piece]:
     return out
 
 
+def document_text(document: str, fmt: str, limit: int) -> str:
+    """The first `limit` characters of `document`'s text (its text runs, decoded, one per
+    line): what its language is detected from, without markup."""
+    decode = decode_text if fmt == "html" else _same
+    out, size = [], 0
+    for start, end in text_runs(document, fmt):
+        out.append(decode(document[start:min(end, start + limit - size)]))
+        size += len(out[-1]) + 1
+        if size >= limit:
+            break
+    return "\n".join(out)
+
+
 def cut_to_fit(document: str, sentence: Piece, fmt: str,
                fits: Callable[[str], bool]) -> list[Piece]:
     """A sentence that does not fit the model's input, as clause-bounded pieces that each
