@@ -74,8 +74,8 @@ class LanguageDetector:
 
     def rank(self, text: str, limit: int = MAX_CANDIDATES) -> list[Detection]:
         """The likeliest languages of `text`'s beginning, best first: at most `limit`, those of
-        at least MIN_CONFIDENCE and the best one always. None for a text without a letter or
-        without linguistic content (digits, punctuation, a URL): an empty list."""
+        at least MIN_CONFIDENCE and the best one always; an empty list for a text without a
+        letter or without linguistic content (digits, punctuation, a URL)."""
         sample = text[:SAMPLE_CHARS]
         if not any(c.isalpha() for c in sample):
             return []
