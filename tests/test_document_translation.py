@@ -101,15 +101,15 @@ def test_an_html_page_with_nested_tags(server):
 
 
 def test_the_engine_translates_documents_as_the_server_does(server):
-    doc = markdown_sample(300).document
-    page = html_sample(2).document
+    doc = markdown_sample(120).document
+    page = html_sample(1).document
     body = {"input": [doc, page, "1984"], "format": "markdown"}
     over_http = [x["translation"] for x in _translate(server, body).json()["data"]]
     with Seq2SeqEngine(model_path=DEMO, device="cpu") as engine:
         out = engine.translate([doc, page, "1984"], **LANGS, format="markdown",
                                sampling_params={"max_new_tokens": MAX_TOKENS, "temperature": 0})
         assert [o["text"] for o in out] == over_http
-        assert out[0]["meta_info"]["pieces"] > 20
+        assert out[0]["meta_info"]["pieces"] > 10
         assert out[2]["text"] == "one thousand nine hundred eighty-four"  # as before documents
         assert "pieces" not in out[2]["meta_info"]  # a short input's own result
         chunks = list(engine.translate(doc, **LANGS, format="markdown", stream=True,
@@ -134,8 +134,10 @@ def test_200_documents_with_repeats_in_one_call(server):
     assert after["encoder_inputs"] - before["encoder_inputs"] == len(distinct)
     metrics = httpx.get(server.url + "/metrics").text
     assert f"seq2serve_encoder_inputs {float(after['encoder_inputs'])}" in metrics
-    oracle = _oracle(server, every)
-    for mine, data in zip(sentences, r.json()["data"]):
+    # the first 40 documents against each sentence translated alone (all 200 would double
+    # the test's time for no more coverage: every document goes the same way)
+    oracle = _oracle(server, [s for ss in sentences[:40] for s in ss])
+    for mine, data in zip(sentences[:40], r.json()["data"]):
         assert data["translation"] == join_sentences([oracle[s] for s in mine])
 
 
