@@ -155,9 +155,11 @@ def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _write_llama3_gguf(path: Path, hf_dir: Path, *, arch: str = "llama",
                        qtype: gguf.GGMLQuantizationType | None = None,
-                       rope_scaling_type: str | None = None) -> None:
+                       rope_scaling_type: str | None = None, vocab: int | None = None) -> None:
     """What llama.cpp's converter writes for a Llama 3 checkpoint, F32 tensors (or one in
-    `qtype`, raw bytes)."""
+    `qtype`, raw bytes). `vocab`: write only the first tokens and no merges (a file the
+    converter refuses before its tokenizer: the gguf package's reader takes ~10 s to parse
+    128k tokens and 280k merges)."""
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
 
@@ -187,9 +189,11 @@ def _write_llama3_gguf(path: Path, hf_dir: Path, *, arch: str = "llama",
     tokens = {**{i: t for t, i in tok["model"]["vocab"].items()}, **added}
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list([tokens[i] for i in range(len(tokens))])
-    w.add_token_types([3 if i in added else 1 for i in range(len(tokens))])
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    count = len(tokens) if vocab is None else vocab
+    w.add_token_list([tokens[i] for i in range(count)])
+    w.add_token_types([3 if i in added else 1 for i in range(count)])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                        for m in tok["model"]["merges"]][:None if vocab is None else 0])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_eot_token_id(cfg["eos_token_id"])
@@ -280,12 +284,13 @@ def test_refused_files_name_the_problem(case, message, llama3_hf_dir, tmp_path):
     if case == "not_gguf":
         path = llama3_hf_dir / "model.safetensors"
     elif case == "truncated":
-        _write_llama3_gguf(path, llama3_hf_dir)
+        _write_llama3_gguf(path, llama3_hf_dir, vocab=256)
         path.write_bytes(path.read_bytes()[:-4096])
-    elif case != "missing":
+    elif case != "missing":  # each refused before the tokenizer is read: a short token list
         _write_llama3_gguf(path, llama3_hf_dir, arch="qwen2" if case == "architecture" else "llama",
                            qtype=gguf.GGMLQuantizationType.Q8_1 if case == "quantization" else None,
-                           rope_scaling_type="yarn" if case == "rope_scaling" else None)
+                           rope_scaling_type="yarn" if case == "rope_scaling" else None,
+                           vocab=256)
     with pytest.raises(ValueError, match=message):
         convert_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -21,6 +21,7 @@ from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.tests.bart_checkpoints import tokenizer_for, write_bart_checkpoint
 from seq2serve.tests.language_samples import PARAGRAPHS, cases
 from seq2serve.tests.server_helpers import ServerProcess
+from seq2serve.tests.timing import within
 
 # each test language's NLLB code (ar: NLLB's Modern Standard Arabic), and one it has no
 # language for: Korean
@@ -219,4 +220,4 @@ def test_detect_keeps_the_event_loop_free(server):
     thread.join()
     assert done[0].status_code == 200, done[0].text[:300]
     assert all(ranked[0]["language"] == "it" for ranked in done[0].json())
-    assert max(health) < 1.0, sorted(health)[-5:]
+    assert max(health) < within(1.0), sorted(health)[-5:]

@@ -12,6 +12,7 @@ import pytest
 
 from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
 from seq2serve.tests.server_helpers import ServerProcess
+from seq2serve.tests.timing import within
 
 DEMO = str(default_demo_path())
 
@@ -51,7 +52,7 @@ def test_tokenize_is_capped_and_off_the_event_loop(server):
     _refused(_post(server, "/tokenize", {"prompt": "5 " * 20_000,
                                          "add_special_tokens": False}), "characters")
     health = _health_while(server, [("/tokenize", {"prompt": ["12345 " * 500] * 1000})] * 2)
-    assert max(health) < 1.0, health
+    assert max(health) < within(1.0), health
 
 
 def _health_while(srv, requests) -> list[float]:
@@ -98,7 +99,7 @@ def test_large_bodies_never_stall_the_event_loop(server):
     print(f"/health with 8 large bodies in flight: {len(health)} probes, median "
           f"{health[len(health) // 2] * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
           f"max {health[-1] * 1e3:.0f} ms")
-    assert health[-1] < 1.0, health[-5:]
+    assert health[-1] < within(1.0), health[-5:]
     # a large body that is fine is still served
     r = _post(server, "/v1/completions", {"prompt": ["translate digits to English: 5 "
                                                      + "6 " * 100] * 200, "max_tokens": 1})

@@ -12,6 +12,7 @@ import pytest
 
 from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
 from seq2serve.tests.server_helpers import ServerProcess
+from seq2serve.tests.timing import within
 
 DEMO = str(default_demo_path())
 
@@ -32,14 +33,15 @@ def _stats(srv) -> dict:
     return httpx.get(srv.url + "/debug/stats", headers=AUTH, timeout=10).json()
 
 
-def _wait_idle(srv, within: float) -> float:
-    """Seconds until nothing runs or waits; fails after `within`."""
-    start = time.monotonic()
+def _wait_idle(srv, seconds: float) -> float:
+    """Seconds until nothing runs or waits; fails after `seconds` (an idle machine's limit,
+    scaled by the load: timing.py)."""
+    start, limit = time.monotonic(), within(seconds)
     while True:
         s = _stats(srv)
         if s["running_requests"] == 0 and s["waiting_requests"] == 0:
             return time.monotonic() - start
-        assert time.monotonic() - start < within, s
+        assert time.monotonic() - start < limit, s
         time.sleep(0.05)
 
 
@@ -69,7 +71,7 @@ def test_a_disconnect_aborts_the_request_within_a_second(server, path, body, str
         else:  # give up waiting
             with pytest.raises(httpx.TimeoutException):
                 c.post(server.url + path, json=body, headers=AUTH)
-    assert _wait_idle(server, within=1.5) < 1.5
+    _wait_idle(server, 1.5)
 
 
 def test_metrics_label_routes_not_raw_paths(server):
@@ -114,7 +116,7 @@ def test_huge_prompts_are_refused_at_once_and_never_stall_the_server(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": huge, "max_tokens": 4},
                    headers=AUTH, timeout=60)
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < within(2.0)
 
     # under the character bound (the demo's 2048 encoder tokens of at most 16 characters):
     # tokenized, then refused by its token count
@@ -137,7 +139,7 @@ def test_huge_prompts_are_refused_at_once_and_never_stall_the_server(server):
         t.join()
     assert results == [400] * 4
     # tokenized on the event loop, 16,000 tokens x 4 would hold /health for seconds
-    assert max(health) < 1.0, health
+    assert max(health) < within(1.0), health
 
 
 def test_inputs_per_request_are_capped(server):
@@ -147,7 +149,7 @@ def test_inputs_per_request_are_capped(server):
     r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=30,
                    json={"prompt": ["5"] * 300, "n": 4, "max_tokens": 2})
     assert r.status_code == 400 and "1200 inputs" in r.json()["error"]["message"], r.text
-    assert _wait_idle(server, within=2.0) < 2.0
+    _wait_idle(server, 2.0)
 
 
 def test_streams_end_with_an_error_event_when_the_scheduler_dies():
