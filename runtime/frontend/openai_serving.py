@@ -325,7 +325,9 @@ class OpenAIServing:
                     pairs = list(zip(chunk.get("logprobs", []), chunk["output_ids"]))
                     choice["logprobs"] = {"content": self._chat_logprobs(
                         pairs, chunk.get("top_logprobs", []))}
-                stream = calls.setdefault(chunk["index"], tools.stream())
+                if chunk["index"] not in calls:  # once per choice, not per chunk
+                    calls[chunk["index"]] = tools.stream()
+                stream = calls[chunk["index"]]
                 for sent in stream.feed(choice) if stream else [choice]:
                     yield _sse(chunk_of([sent]))
                 if finish is not None:

@@ -161,6 +161,8 @@ class SourceOutputs:
         the source's "score" with its last chunk."""
         i, meta = chunk["index"], chunk["meta_info"]
         finished = meta["finish_reason"] is not None
+        if not self.prefixes[i] and not (finished and self.scored):
+            return chunk  # nothing to add (the common case: a chunk per token, no copy)
         chunk = dict(chunk)
         if self.prefixes[i]:
             head, detok = "", self._streams.get(i)
