@@ -22,6 +22,7 @@ from seq2serve.runtime.kernels.triton_flash import query_blocks
 from seq2serve.runtime.kernels.triton_self_attention import self_attention_extend
 
 _INTERPRETER_SMS = 4  # small, so CPU tests exercise split-KV decode on short contexts
+_ALIGN = 4  # int32 elements in 16 bytes
 
 
 @dataclass
@@ -39,6 +40,18 @@ class _Metadata:
     cross_kv_end: torch.Tensor | None  # decode: end of each request's cross keys
 
 
+def packed_int32(parts: list[list[int]], device) -> list[torch.Tensor]:
+    """`parts` as int32 tensors on `device` from one host-to-device copy, each starting on a
+    16-byte boundary. Triton specializes a kernel on whether each pointer argument is 16-byte
+    aligned: views at arbitrary offsets of one buffer (which depend on the batch size and the
+    number of query tiles) made new kernel variants that compiled under load, a second each,
+    in the middle of a server's run (py-spy, H100, mT5-large at 256 streams)."""
+    padded = [-(-len(p) // _ALIGN) * _ALIGN for p in parts]
+    flat = [x for p, n in zip(parts, padded) for x in (*p, *[0] * (n - len(p)))]
+    packed = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
+    return [v[:len(p)] for v, p in zip(packed.split(padded), parts)]
+
+
 class TritonBackend(AttentionBackend):
     def __init__(self, device: str, **_: object) -> None:
         self.device = device
@@ -53,11 +66,8 @@ class TritonBackend(AttentionBackend):
         starts = list(itertools.accumulate(q_lens, initial=0))
         rows = [] if encode else list(fb.host.req_pool_indices)
         block_req, block_start = ([], []) if decode else query_blocks(q_lens)
-        # one host-to-device copy for all the index tensors of the batch
-        packed = torch.tensor(starts + rows + block_req + block_start, dtype=torch.int32)
-        packed = packed.to(self.device, non_blocking=True)
-        q_starts, req_rows, block_req_t, block_start_t = packed.split(
-            [len(starts), len(rows), len(block_req), len(block_start)])
+        q_starts, req_rows, block_req_t, block_start_t = packed_int32(
+            [starts, rows, block_req, block_start], self.device)
         md = _Metadata(q_starts=q_starts, req_rows=req_rows, block_req=block_req_t,
                        block_start=block_start_t, decode=decode, self_splits=1,
                        cross_splits=1, cross_kv_start=None, cross_kv_end=None)

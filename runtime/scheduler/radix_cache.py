@@ -25,6 +25,8 @@ the caller's pages that duplicate ones already in the tree, which the caller fre
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 
 from seq2serve.runtime.memory.cache_sharing import ANONYMOUS, PUBLIC, SharingRule, UsageWindow
@@ -236,21 +238,37 @@ class RadixCache:
     def evict(self, num_pages: int, to_host: bool = True) -> int:
         """Free up to `num_pages` device pages from unlocked copies that no deeper device copy
         reads through, lowest rank first (least recently used; under shared isolation, fewest
-        users and hits over two windows first). With a host tier they move there."""
+        users and hits over two windows first). With a host tier they move there.
+
+        One walk of the tree per call: the candidates go on a heap, and a parent's copies
+        join it when the eviction of its child's copy leaves nothing below reading through
+        them (ranks do not change during a call, so the order is the old full rescan's)."""
+        order = itertools.count()
+
+        def candidates(node: RadixNode):
+            if node.lock_ref == 0:
+                for o in node.copies:
+                    if not needed_below(node, o, host=False):
+                        yield self._rank(node), next(order), node, o
+
+        heap = [c for n in self._nodes() for c in candidates(n)]
+        heapq.heapify(heap)
         freed = 0
-        while freed < num_pages:
-            victims = [(n, o) for n in self._nodes() if n.lock_ref == 0 for o in n.copies
-                       if not needed_below(n, o, host=False)]
-            if not victims:
-                break
-            node, owner = min(victims, key=lambda v: self._rank(v[0]))
+        while freed < num_pages and heap:
+            _, _, node, owner = heapq.heappop(heap)
+            if owner not in node.copies:
+                continue  # (a copy is pushed once per child that freed it)
             pages = node.copies.pop(owner)
             if not (to_host and self.host is not None and self._store(node, owner, pages)):
                 self._drop_host_below(node, owner)
             self.allocator.free(pages)
             freed += len(pages)
             self.evicted_pages += len(pages)
+            parent = node.parent
             self._forget_if_empty(node)
+            if parent is not None and parent.parent is not None:  # (roots hold no copies)
+                for c in candidates(parent):
+                    heapq.heappush(heap, c)
         return freed
 
     def _rank(self, node: RadixNode) -> tuple:

@@ -36,16 +36,21 @@ class RequestMemory:
         self.encoder_cache = encoder_cache
         self.radix = radix
         self.page_size = token_to_kv.page_size
+        # an eviction walks the whole radix tree (thousands of nodes on a busy server): each
+        # frees a slice of the pool at once, least recently used first, so that the next
+        # steps' few pages need no walk
+        self.evict_ahead_pages = max(1, token_to_kv.allocator.num_pages // 64)
 
     # --- sizes -------------------------------------------------------------------------------
     def pages_to_grow(self, req: Req, new_len: int) -> int:
         return max(0, self.token_to_kv.pages_for(new_len) - len(req.kv_pages))
 
     def make_room(self, pages: int) -> bool:
-        """Evict cached prefixes until `pages` decoder KV pages are free."""
+        """Evict cached prefixes until `pages` decoder KV pages are free (and a slice more,
+        `evict_ahead_pages`, when it evicts at all)."""
         free = self.token_to_kv.allocator.num_free
         if free < pages:
-            self.radix.evict(pages - free)
+            self.radix.evict(max(pages - free, self.evict_ahead_pages))
         return self.token_to_kv.allocator.num_free >= pages
 
     # --- admission ---------------------------------------------------------------------------
