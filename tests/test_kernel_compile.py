@@ -5,9 +5,10 @@ The interpreter that runs the CPU suite executes only the branches a launch take
 that cannot compile for a GPU (an atomic handed a bf16 buffer in a branch the CPU never takes)
 passes every CPU test and crashes the GPU server. Here a tour drives the runtime's kernels in
 each dtype under the interpreter -- T5, Llama and Mllama through the scheduler with the Triton
-backend, the CUDA-only fused ops directly, decode with and without split-KV -- recording each
-launch, and `kernel_launches.compile_launches` compiles every one (every autotuner config, and
-with programmatic dependent launch on sm_90) with Triton's GPU compiler.
+backend, the CUDA-only fused ops directly, decode and beam-group cross-attention decode with
+and without split-KV -- recording each launch, and `kernel_launches.compile_launches` compiles
+every one (every autotuner config, and with programmatic dependent launch on sm_90) with
+Triton's GPU compiler.
 """
 
 from __future__ import annotations
@@ -98,6 +99,29 @@ def _decode_tour(dtype: torch.dtype) -> None:
             paged_decode_attention(q, k, v, table, rows, ends, splits, 0.125, bias=bias)
             paged_decode_attention(q, k, v, table, rows, ends, splits, 0.125,
                                    kv_starts=torch.tensor([2, 0], dtype=torch.int32))
+
+
+def _beam_cross_tour(dtype: torch.dtype) -> None:
+    """The beam-group decode cross-attention kernel (not wired in yet): mT5's 16 heads x 64 in
+    4-beam groups (a 16-row tile), and 8 beams x GQA 8 at head size 128 (the largest tile,
+    64 x 128), one split and several, with and without per-row key starts."""
+    from seq2serve.cross_attention.triton_beam_cross_attention import (
+        beam_cross_attention_decode,
+    )
+
+    for heads, kv_heads, dim, beams in [(16, 16, 64, [4, 1]), (16, 2, 128, [8, 3])]:
+        rows = sum(beams)
+        q = torch.randn(rows, heads, dim).to(dtype)
+        k, v = (torch.randn(256, kv_heads, dim).to(dtype) for _ in range(2))
+        table = torch.randperm(256, dtype=torch.int32).view(2, 128)
+        group_rows = torch.tensor([1, 0], dtype=torch.int32)
+        group_starts = torch.tensor([0, beams[0], rows], dtype=torch.int32)
+        ends = torch.tensor([100] * beams[0] + [7] * beams[1], dtype=torch.int32)
+        for splits in (1, 3):
+            beam_cross_attention_decode(q, k, v, table, group_rows, group_starts, ends, 0.125,
+                                        num_splits=splits)
+            beam_cross_attention_decode(q, k, v, table, group_rows, group_starts, ends, 0.125,
+                                        kv_starts=torch.full_like(ends, 2), num_splits=splits)
 
 
 def _fused_ops_tour(dtype: torch.dtype) -> None:
@@ -195,6 +219,7 @@ def launches(checkpoints) -> list[dict]:
             _llama_tour(checkpoints["llama"], dtype)
             _mllama_tour(checkpoints["mllama"], dtype)
             _decode_tour(getattr(torch, dtype))
+            _beam_cross_tour(getattr(torch, dtype))
             _fused_ops_tour(getattr(torch, dtype))
     return recorded
 
