@@ -86,6 +86,13 @@ class TokenizerManager:
         self.isolation = isolation or CacheIsolation()  # the router's too
         self.image_processor = None
         self.image_pool = None
+        self.audio_processor = None
+        if info.get("has_audio"):
+            from seq2serve.encoders.audio_features import AudioProcessor
+
+            self.audio_processor = AudioProcessor(model_id, model_id, info["num_mel_bins"],
+                                                  info["audio_tokens"],
+                                                  policy=self.media_policy)
         if info.get("has_vision"):
             import torch
 
@@ -138,6 +145,7 @@ class TokenizerManager:
                              f"over this server's limit of {self.limits.max_batch_inputs} "
                              f"(max_batch_inputs)")
         per_item = self._images([item["image_data"] for item in items])
+        per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
         group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
         for item, images in zip(items, per_item):
@@ -182,6 +190,26 @@ class TokenizerManager:
         if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")
         return is_batch or len(rids) > 1, reqs
+
+    def _audio(self, items: list[dict[str, Any]]) -> list[list]:
+        """Each prompt's audio as the encoder's input ([] where it has none): decoded,
+        resampled and turned into log-mel features, one prompt at a time (the CPU work is
+        numpy's and torch's, which release the GIL; this runs off the event loop)."""
+        given = [item["audio_data"] is not None for item in items]
+        if self.audio_processor is None:
+            if any(given):
+                raise ValueError("this model takes no audio (audio_data was given)")
+            return [[] for _ in items]
+        if not all(given):
+            raise ValueError("this model's input is audio: give audio_data, not text or "
+                             "input_ids")
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append([self.audio_processor(item["audio_data"])])
+            except ValueError as e:
+                raise ValueError(f"audio {i}: {e}" if len(items) > 1 else str(e)) from None
+        return out
 
     def tokenize_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Each text's token ids: as a prompt (the special tokens generate adds, Mllama's BOS
@@ -392,7 +420,7 @@ class TokenizerManager:
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
         """The request as sent: every image's pixels in the PixelStore (written once per
         image, pinned until the request ends), the request carrying only the files' names."""
-        if not r.encoder_inputs:
+        if not r.encoder_inputs or self.pixel_store is None:  # audio travels with the request
             return r
         stored = []
         try:
@@ -405,6 +433,8 @@ class TokenizerManager:
         return dataclasses.replace(r, encoder_inputs=stored)
 
     def _release(self, r: TokenizedRequest) -> None:
+        if self.pixel_store is None:
+            return
         for img in r.encoder_inputs:
             self.pixel_store.release(img.key)
 
