@@ -7,7 +7,8 @@ the model's mel count) pads the samples to 30 s and computes the log-mel spectro
 torch path: `torch.stft`, the Slaney mel filters, log10, an 8-decade floor, scaled). It runs
 on the TokenizerManager's CPU threads; the extractor also takes a `device`, the step to run
 it on the GPU when serving on one. The encoder cache keys a window by its decoded samples,
-so the same clip sent as WAV or as FLAC is encoded once.
+so a clip sent as a file and as its samples (or in two encodings that decode to the same
+samples) is encoded once.
 """
 
 from __future__ import annotations

@@ -109,10 +109,10 @@ def clip(seed: int, seconds: float = 20.0, rate: int = 16_000) -> np.ndarray:
     return (x + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
-def encoded(samples: np.ndarray, rate: int, fmt: str) -> bytes:
+def encoded(samples: np.ndarray, rate: int, fmt: str, subtype: str | None = None) -> bytes:
     """`samples` as a file of `fmt` (WAV, FLAC, OGG, MP3), through libsndfile."""
     import soundfile
 
     buf = io.BytesIO()
-    soundfile.write(buf, samples, rate, format=fmt)
+    soundfile.write(buf, samples, rate, format=fmt, subtype=subtype)
     return buf.getvalue()
