@@ -47,8 +47,7 @@ class AudioProcessor:
     """Caller's audio -> `AudioFeatures`, under byte, duration and path limits."""
 
     def __init__(self, model_path: str, model_id: str, num_mel_bins: int, audio_tokens: int,
-                 limits: AudioLimits = AudioLimits(),
-                 policy: MediaPolicy = MediaPolicy()) -> None:
+                 limits: AudioLimits | None = None, policy: MediaPolicy | None = None) -> None:
         from transformers import WhisperFeatureExtractor
 
         try:
@@ -64,8 +63,8 @@ class AudioProcessor:
                              f"{self.extractor.sampling_rate}; Whisper's is {SAMPLING_RATE}")
         self.model_id = model_id
         self.audio_tokens = audio_tokens
-        self.limits = limits
-        self.policy = policy
+        self.limits = limits or AudioLimits()
+        self.policy = policy or MediaPolicy()
 
     def __call__(self, src: object) -> AudioFeatures:
         samples = read_audio(src, self.limits, self.policy)

@@ -30,9 +30,11 @@ class AudioLimits:
     max_seconds: float = 30.0  # one Whisper window (long audio is not cut into windows yet)
 
 
-def read_audio(src: object, limits: AudioLimits = AudioLimits(),
-               policy: MediaPolicy = MediaPolicy()) -> np.ndarray:
+def read_audio(src: object, limits: AudioLimits | None = None,
+               policy: MediaPolicy | None = None) -> np.ndarray:
     """The audio as 16 kHz mono float32 samples in [-1, 1] (a 1-D array)."""
+    limits = limits or AudioLimits()
+    policy = policy or MediaPolicy()
     if isinstance(src, np.ndarray):
         samples = _checked_samples(src)
     else:

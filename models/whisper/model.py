@@ -107,7 +107,8 @@ class WhisperForConditionalGeneration(nn.Module):
         if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
             missing = missing - {"lm_head.weight"}
-        for name in [m for m in missing if m.endswith(("self_attn.qkv.bias", "cross_attn.kv.bias"))]:
+        fused = ("self_attn.qkv.bias", "cross_attn.kv.bias")
+        for name in [m for m in missing if m.endswith(fused)]:
             linear = self.get_submodule(name.removesuffix(".bias"))
             k = 1 if name.endswith("qkv.bias") else 0
             with torch.no_grad():
