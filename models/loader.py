@@ -176,6 +176,9 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
     tp_dims = {name: _tp_dim(model, name) for name in params}
     expected = {(name, s) for name in params
                 for s in (range(len(shard_sizes[name])) if shard_sizes[name] else [None])}
+    # parts no checkpoint has, which the model fills itself (Whisper: its fused attention
+    # biases' key part, zero in `init_buffers`)
+    expected -= set(getattr(model, "absent_shards", tuple)())
     loaded: set[tuple[str, int | None]] = set()
     source: dict[tuple[str, int | None], str] = {}
     for path in files:

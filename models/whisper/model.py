@@ -102,16 +102,24 @@ class WhisperForConditionalGeneration(nn.Module):
         return hf_to_param(name, self.cfg)
 
     def tie_missing(self, missing: set[str]) -> set[str]:
-        """proj_out tied to the decoder's embedding (when the config allows); the k part of
-        every fused attention bias is zero: Whisper's k_proj has no bias."""
+        """proj_out tied to the decoder's embedding (when the config allows)."""
         if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
             missing = missing - {"lm_head.weight"}
-        fused = ("self_attn.qkv.bias", "cross_attn.kv.bias")
-        for name in [m for m in missing if m.endswith(fused)]:
-            linear = self.get_submodule(name.removesuffix(".bias"))
-            k = 1 if name.endswith("qkv.bias") else 0
-            with torch.no_grad():
-                linear.bias.narrow(0, k * self.cfg.d_model, self.cfg.d_model).zero_()
-            missing = missing - {name}
         return missing
+
+    def absent_shards(self) -> list[tuple[str, int]]:
+        """The key part of every fused attention bias: Whisper's k_proj has no bias, so no
+        checkpoint fills it (`init_buffers` zeroes it)."""
+        out = [(f"encoder_layers.{i}.self_attn.qkv.bias", 1)
+               for i in range(self.cfg.encoder_layers)]
+        for i in range(self.cfg.decoder_layers):
+            out += [(f"decoder_layers.{i}.self_attn.qkv.bias", 1),
+                    (f"decoder_layers.{i}.cross_attn.kv.bias", 0)]
+        return out
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        d = self.cfg.d_model
+        for name, shard in self.absent_shards():
+            self.get_parameter(name).narrow(0, shard * d, d).zero_()

@@ -1,5 +1,5 @@
 """Hugging Face Whisper tensor names -> this model's parameters (and shard of a fused weight).
-Whisper's k_proj has no bias: the fused biases' k parts stay zero (`model.tie_missing`)."""
+Whisper's k_proj has no bias: the fused biases' k parts are zero (`model.absent_shards`)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def hf_to_param(name: str, cfg) -> list[tuple[str, int | None]] | None:
     prefix = f"{stack}_layers.{layer}"
     sub, _, proj = module.rpartition(".")
     if sub in ("self_attn", "encoder_attn") and proj in _QKV:
+        if proj == "k_proj" and leaf == "bias":
+            return None  # Whisper's keys have no bias
         if sub == "self_attn":
             return [(f"{prefix}.self_attn.qkv.{leaf}", _QKV[proj])]
         if proj != "q_proj":
