@@ -61,9 +61,13 @@ class AudioProcessor:
         if self.extractor.sampling_rate != SAMPLING_RATE:
             raise ValueError(f"preprocessor_config.json: sampling_rate "
                              f"{self.extractor.sampling_rate}; Whisper's is {SAMPLING_RATE}")
+        self.limits = limits or AudioLimits()
+        window = self.extractor.chunk_length
+        if self.limits.max_seconds > window:  # the extractor would cut the rest off unsaid
+            raise ValueError(f"max_audio_seconds {self.limits.max_seconds:g}: audio longer "
+                             f"than one {window} s window is not cut into windows yet")
         self.model_id = model_id
         self.audio_tokens = audio_tokens
-        self.limits = limits or AudioLimits()
         self.policy = policy or MediaPolicy()
 
     def __call__(self, src: object) -> AudioFeatures:

@@ -51,7 +51,8 @@ def hf_generate(hf, kind: str, samples: np.ndarray, **kwargs) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def engines(ckpt):
-    with Seq2SeqEngine(model_path=ckpt["multilingual"], device="cpu", dtype="float32") as m, \
+    with Seq2SeqEngine(model_path=ckpt["multilingual"], device="cpu", dtype="float32",
+                       max_audio_seconds=29, max_audio_bytes=2_000_000) as m, \
             Seq2SeqEngine(model_path=ckpt["english"], device="cpu", dtype="float32") as e:
         yield {"multilingual": m, "english": e}
 
@@ -125,7 +126,10 @@ def test_bad_audio_and_wrong_inputs_are_named(ckpt, engines):
     prompt = WhisperPrompt.from_model(ckpt["multilingual"]).tokens("en")
     for audio, message in ((b"", "the audio file is empty"),
                            (b"RIFF\x00\x00garbage" * 10, "cannot be decoded"),
-                           (clip(0, seconds=31), "31.00 s long, over the limit of 30 s"),
+                           (clip(0, seconds=29.5), r"29.50 s long, over the limit of 29 s "
+                                                   r"\(max_audio_seconds\)"),
+                           (b"RIFF" * 500_001, r"2000004 bytes, over the limit of 2000000 "
+                                               r"bytes \(max_audio_bytes\)"),
                            (np.zeros((2, 100), np.float32), "1-D array")):
         with pytest.raises(ValueError, match=message):
             engine.generate(audio_data=audio, decoder_input_ids=prompt, sampling_params=GREEDY)
@@ -181,6 +185,11 @@ def test_audio_decoding_resampling_and_limits(tmp_path):
         read_audio(encoded(tone, 44_100, "WAV"), AudioLimits(max_seconds=0.5))
     with pytest.raises(ValueError, match="no samples"):
         read_audio(encoded(np.zeros(0, np.float32), 16_000, "WAV"))
+
+
+def test_audio_over_one_window_is_refused_at_start(ckpt):
+    with pytest.raises(ValueError, match="max_audio_seconds 45: .* not cut into windows yet"):
+        AudioProcessor(ckpt["english"], "m", 80, 1500, AudioLimits(max_seconds=45))
 
 
 def test_log_mel_equals_hfs_numpy_extractor(ckpt):

@@ -89,10 +89,12 @@ class TokenizerManager:
         self.audio_processor = None
         if info.get("has_audio"):
             from seq2serve.encoders.audio_features import AudioProcessor
+            from seq2serve.encoders.audio_loader import AudioLimits
 
+            limits = AudioLimits(self.limits.max_audio_bytes, self.limits.max_audio_seconds)
             self.audio_processor = AudioProcessor(model_id, model_id, info["num_mel_bins"],
-                                                  info["audio_tokens"],
-                                                  policy=self.media_policy)
+                                                  info["audio_tokens"], limits,
+                                                  self.media_policy)
         if info.get("has_vision"):
             import torch
 
