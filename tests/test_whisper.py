@@ -79,6 +79,14 @@ def test_greedy_matches_hf_for_files_of_every_format(ckpt, hf, engines):
             assert r["output_ids"][0] not in cfg.begin_suppressed_token_ids
 
 
+def test_without_a_decoder_prompt(ckpt, hf, engines):
+    """An English-only model's default prompt is HF's; a multilingual one needs a language."""
+    got = engines["english"].generate(audio_data=clip(3), sampling_params=GREEDY)
+    assert got["output_ids"] == hf_generate(hf, "english", clip(3))[0].tolist()
+    with pytest.raises(ValueError, match=r"give decoder_input_ids: .*language detection"):
+        engines["multilingual"].generate(audio_data=clip(3), sampling_params=GREEDY)
+
+
 def test_beam_search_matches_hf(ckpt, hf, engines):
     """The best hypothesis and its score. (HF's Whisper generate reads num_return_sequences
     k as k copies of the input, each searched for its best: k equal results, unlike the

@@ -104,7 +104,8 @@ class Seq2SeqEngine:
         models: Whisper) is the encoder input in place of a prompt: one audio, or a list for a
         batch; an audio is a WAV/FLAC/OGG/MP3 file's bytes, a path, or 16 kHz samples as a 1-D
         float array (up to 30 s). Its decoder prompt is `decoder_input_ids`
-        (`whisper_prompt`: start, language, task, no-timestamps tokens)."""
+        (`WhisperPrompt.from_model(path).tokens(language, task)`: start, language, task,
+        no-timestamps tokens; an English-only model's by default)."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,

@@ -87,7 +87,10 @@ class TokenizerManager:
         self.image_processor = None
         self.image_pool = None
         self.audio_processor = None
+        self.whisper_prompt = None  # a speech model's default decoder prompt
         if info.get("has_audio"):
+            from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
             from seq2serve.encoders.audio_features import AudioProcessor
             from seq2serve.encoders.audio_loader import AudioLimits
 
@@ -95,6 +98,7 @@ class TokenizerManager:
             self.audio_processor = AudioProcessor(model_id, model_id, info["num_mel_bins"],
                                                   info["audio_tokens"], limits,
                                                   self.media_policy)
+            self.whisper_prompt = WhisperPrompt.from_model(model_id)
         if info.get("has_vision"):
             import torch
 
@@ -343,12 +347,23 @@ class TokenizerManager:
                 raise ValueError("decoder_input_ids is only for encoder-decoder models")
             return [], ids, 0
         start = self.info["decoder_start_token_id"]
+        if item["decoder_input_ids"] is None and self.whisper_prompt is not None:
+            return ids, self._default_whisper_prompt(), 0
         dec = list(item["decoder_input_ids"] or [])
         if item["decoder_input_ids"] is None and self.info.get("forced_bos_token_id") is not None:
             dec, forced = [self.info["forced_bos_token_id"]], 1
         if not dec or dec[0] != start:
             dec = [start] + dec
         return ids, dec, forced
+
+    def _default_whisper_prompt(self) -> list[int]:
+        """A speech model's prompt when the caller gives none: an English-only model's
+        (start, no timestamps), as HF's generate; a multilingual one's names a language."""
+        try:
+            return self.whisper_prompt.tokens()
+        except ValueError as e:
+            raise ValueError(f"give decoder_input_ids: WhisperPrompt.from_model(path).tokens("
+                             f"language, task) ({e})") from None
 
     def _check_limits(self, sp: SamplingParams) -> None:
         lim = self.limits
