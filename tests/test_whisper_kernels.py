@@ -119,3 +119,21 @@ def test_checkpoint_problems_are_named(ckpt, tmp_path):
     (broken / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="max_source_positions 750.*30 s windows"):
         ModelConfig.from_path(str(broken))
+
+
+def test_tp2_matches_hf_on_the_cpu(ckpt):
+    """Tensor parallelism over two CPU ranks (gloo): each rank runs its heads and
+    feed-forward channels of the encoder and decoder, the cross K/V of its heads."""
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+    from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
+    prompt = WhisperPrompt.from_model(ckpt).tokens(PROMPT_LANGUAGE)
+    seeds = [0, 1]
+    with Seq2SeqEngine(model_path=ckpt, device="cpu", dtype="float32", tp_size=2,
+                       max_total_tokens=1024, max_cross_tokens=4096) as engine:
+        assert engine.stats()["tp_devices"] == ["cpu", "cpu"]
+        got = engine.generate(audio_data=[clip(s) for s in seeds], decoder_input_ids=prompt,
+                              sampling_params={"max_new_tokens": 8, "temperature": 0})
+        engine.check_integrity()
+    expected = _hf_greedy(ckpt, seeds, 8)
+    assert [r["output_ids"] for r in got] == [expected[str(i)] for i in range(len(seeds))]

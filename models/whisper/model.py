@@ -41,6 +41,9 @@ class WindowBatch:
 
 class WhisperForConditionalGeneration(nn.Module):
     config_class = WhisperConfig
+    # the blocks' heads and feed-forward channels split over ranks (models/parallel_state.py);
+    # the convolutions, embeddings and LM head are whole on every rank
+    tensor_parallel = True
 
     def __init__(self, cfg: WhisperConfig) -> None:
         super().__init__()
@@ -120,6 +123,6 @@ class WhisperForConditionalGeneration(nn.Module):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        d = self.cfg.d_model
         for name, shard in self.absent_shards():
-            self.get_parameter(name).narrow(0, shard * d, d).zero_()
+            sizes = self.get_submodule(name.removesuffix(".bias")).shard_sizes  # this rank's
+            self.get_parameter(name).narrow(0, sum(sizes[:shard]), sizes[shard]).zero_()
