@@ -211,3 +211,16 @@ def test_log_mel_equals_hfs_numpy_extractor(ckpt):
     reference = ex._np_extract_fbank_features(padded, "cpu")[0]
     assert ours.shape == (80, 3000)
     assert np.abs(ours.numpy() - reference).max() < 1e-4
+
+
+def test_an_audio_batch_splits_into_rows_like_prompts():
+    from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_rows
+
+    audios = [clip(s, seconds=0.1) for s in range(3)]
+    obj = GenerateReqInput(audio_data=audios, decoder_input_ids=[[1], [2], [3]])
+    chunks = split_rows(obj, 2)
+    assert [len(c.audio_data) for c in chunks] == [2, 1]
+    assert [c.decoder_input_ids for c in chunks] == [[[1], [2]], [[3]]]
+    is_batch, items = chunks[1].normalize()
+    assert is_batch and items[0]["audio_data"] is audios[2] and items[0]["input_ids"] == []
+    assert not GenerateReqInput(audio_data=audios[0]).normalize()[0]
