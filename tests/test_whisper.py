@@ -134,10 +134,10 @@ def test_bad_audio_and_wrong_inputs_are_named(ckpt, engines):
     prompt = WhisperPrompt.from_model(ckpt["multilingual"]).tokens("en")
     for audio, message in ((b"", "the audio file is empty"),
                            (b"RIFF\x00\x00garbage" * 10, "cannot be decoded"),
-                           (clip(0, seconds=29.5), r"29.50 s long, over the limit of 29 s "
-                                                   r"\(max_audio_seconds\)"),
-                           (b"RIFF" * 500_001, r"2000004 bytes, over the limit of 2000000 "
-                                               r"bytes \(max_audio_bytes\)"),
+                           (clip(0, seconds=29.5),
+                            r"29.50 s long, over the limit of 29 s \(max_audio_seconds\)"),
+                           (b"RIFF" * 500_001,
+                            r"2000004 bytes, over the limit of 2000000 bytes \(max_audio_bytes\)"),
                            (np.zeros((2, 100), np.float32), "1-D array")):
         with pytest.raises(ValueError, match=message):
             engine.generate(audio_data=audio, decoder_input_ids=prompt, sampling_params=GREEDY)

@@ -18,12 +18,12 @@ import torch
 
 LANGUAGES = ("en", "de", "fr")
 CONFIGS: dict[str, dict] = {
-    "multilingual": dict(d_model=64, encoder_attention_heads=4, decoder_attention_heads=2,
-                         encoder_layers=2, decoder_layers=2, encoder_ffn_dim=96,
-                         decoder_ffn_dim=80, num_mel_bins=128, max_target_positions=64),
-    "english": dict(d_model=48, encoder_attention_heads=3, decoder_attention_heads=4,
-                    encoder_layers=2, decoder_layers=1, encoder_ffn_dim=64,
-                    decoder_ffn_dim=96, num_mel_bins=80, max_target_positions=48),
+    "multilingual": {"d_model": 64, "encoder_attention_heads": 4, "decoder_attention_heads": 2,
+                     "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 96,
+                     "decoder_ffn_dim": 80, "num_mel_bins": 128, "max_target_positions": 64},
+    "english": {"d_model": 48, "encoder_attention_heads": 3, "decoder_attention_heads": 4,
+                "encoder_layers": 2, "decoder_layers": 1, "encoder_ffn_dim": 64,
+                "decoder_ffn_dim": 96, "num_mel_bins": 80, "max_target_positions": 48},
 }
 MERGES = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "e r", "o n", "Ġ s"]
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from seq2serve.models import parallel_state
 from seq2serve.models.attention import Attention
 from seq2serve.models.bart.config import BartConfig
 from seq2serve.models.bart.positions import PositionTable
 from seq2serve.models.bart.weights import hf_to_param, load_priority
-from seq2serve.models import parallel_state
 from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.mlp import MLP
 from seq2serve.models.norm import LayerNorm
