@@ -1,46 +1,60 @@
-"""Audio as an encoder input: `AudioFeatures` (Whisper's payload, one 30 s window of log-mel
-features) and `AudioProcessor`, which makes it from what a caller sends.
+"""Audio as an encoder input: `AudioFeatures` (Whisper's payload: one 30 s window's samples)
+and `AudioProcessor`, which makes it from what a caller sends.
 
-The features are exactly HF's: the checkpoint's own `WhisperFeatureExtractor` (its
-preprocessor_config.json; a model directory without one gets the extractor's defaults with
-the model's mel count) pads the samples to 30 s and computes the log-mel spectrogram (its
-torch path: `torch.stft`, the Slaney mel filters, log10, an 8-decade floor, scaled). It runs
-on the TokenizerManager's CPU threads; the extractor also takes a `device`, the step to run
-it on the GPU when serving on one. The encoder cache keys a window by its decoded samples,
-so a clip sent as a file and as its samples (or in two encodings that decode to the same
-samples) is encoded once.
+The payload carries the decoded 16 kHz samples, not features: the model computes the log-mel
+spectrogram on its own device as HF's `WhisperFeatureExtractor` computes it
+(`models/whisper/log_mel.py`), so a GPU server spends no frontend CPU on it. The encoder
+cache keys a window by its samples, so a clip sent as a file and as its samples (or in two
+encodings that decode to the same samples) is encoded once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from seq2serve.encoders.audio_loader import SAMPLING_RATE, AudioLimits, read_audio
+from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 from seq2serve.encoders.image_loader import MediaPolicy
+from seq2serve.models.whisper.config import (
+    CHUNK_SECONDS,
+    HOP_LENGTH,
+    N_FFT,
+    N_SAMPLES,
+    SAMPLING_RATE,
+)
 from seq2serve.models.whisper.model import WindowBatch
+
+# preprocessor_config.json's settings the model's log-mel assumes (every Whisper's)
+_FIXED = {"sampling_rate": SAMPLING_RATE, "n_fft": N_FFT, "hop_length": HOP_LENGTH,
+          "chunk_length": CHUNK_SECONDS, "padding_value": 0.0, "dither": 0.0,
+          "do_normalize": False}
 
 
 @dataclass
 class AudioFeatures:
-    """One window of audio as the encoder reads it; its cross K/V are `num_tokens` (1,500)
-    long. The features travel with the request (Whisper's are 80 or 128 x 3,000 float32:
-    0.9-1.5 MB)."""
+    """One window of audio (at most 30 s); its cross K/V are `num_tokens` (1,500) long. The
+    samples travel with the request (4 bytes a sample: 1.9 MB for 30 s)."""
 
-    features: torch.Tensor | None = field(repr=False)  # [mels, 3000] float32
+    samples: torch.Tensor | None = field(repr=False)  # [n <= 480,000] float32, 16 kHz
     num_tokens: int
-    key: str  # content hash of model and decoded samples
+    key: str  # content hash of model and samples
 
     @property
     def has_data(self) -> bool:
-        return self.features is not None
+        return self.samples is not None
 
     @classmethod
     def batch(cls, payloads: list[AudioFeatures]) -> WindowBatch:
-        return WindowBatch(torch.stack([p.features for p in payloads]))
+        """The windows zero-padded to 30 s, as HF's extractor pads them."""
+        out = torch.zeros(len(payloads), N_SAMPLES)
+        for row, p in zip(out, payloads):
+            row[:p.samples.numel()] = p.samples
+        return WindowBatch(out)
 
 
 class AudioProcessor:
@@ -48,35 +62,18 @@ class AudioProcessor:
 
     def __init__(self, model_path: str, model_id: str, num_mel_bins: int, audio_tokens: int,
                  limits: AudioLimits | None = None, policy: MediaPolicy | None = None) -> None:
-        from transformers import WhisperFeatureExtractor
-
-        try:
-            self.extractor = WhisperFeatureExtractor.from_pretrained(model_path)
-        except OSError:  # no preprocessor_config.json: Whisper's fixed settings
-            self.extractor = WhisperFeatureExtractor(feature_size=num_mel_bins)
-        if self.extractor.feature_size != num_mel_bins:
-            raise ValueError(f"preprocessor_config.json: feature_size "
-                             f"{self.extractor.feature_size} differs from config.json's "
-                             f"num_mel_bins {num_mel_bins}")
-        if self.extractor.sampling_rate != SAMPLING_RATE:
-            raise ValueError(f"preprocessor_config.json: sampling_rate "
-                             f"{self.extractor.sampling_rate}; Whisper's is {SAMPLING_RATE}")
+        _check_preprocessor(model_path, num_mel_bins)
         self.limits = limits or AudioLimits()
-        window = self.extractor.chunk_length
-        if self.limits.max_seconds > window:  # the extractor would cut the rest off unsaid
+        if self.limits.max_seconds > CHUNK_SECONDS:  # would be cut off unsaid
             raise ValueError(f"max_audio_seconds {self.limits.max_seconds:g}: audio longer "
-                             f"than one {window} s window is not cut into windows yet")
+                             f"than one {CHUNK_SECONDS} s window is not cut into windows yet")
         self.model_id = model_id
         self.audio_tokens = audio_tokens
         self.policy = policy or MediaPolicy()
 
     def __call__(self, src: object) -> AudioFeatures:
         samples = read_audio(src, self.limits, self.policy)
-        return AudioFeatures(self.log_mel(samples), self.audio_tokens, self.key(samples))
-
-    def log_mel(self, samples: np.ndarray) -> torch.Tensor:
-        out = self.extractor(samples, sampling_rate=SAMPLING_RATE, return_tensors="pt")
-        return out.input_features[0].to(torch.float32)
+        return AudioFeatures(torch.from_numpy(samples), self.audio_tokens, self.key(samples))
 
     def key(self, samples: np.ndarray) -> str:
         h = hashlib.blake2b(digest_size=16)
@@ -84,3 +81,17 @@ class AudioProcessor:
         h.update(b"\0audio\0")
         h.update(samples.tobytes())
         return h.hexdigest()
+
+
+def _check_preprocessor(model_path: str, num_mel_bins: int) -> None:
+    """A ValueError naming any preprocessor_config.json setting the model's log-mel does not
+    compute as written (a directory without the file gets Whisper's)."""
+    path = os.path.join(model_path, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        cfg = json.load(f)
+    for key, value in {**_FIXED, "feature_size": num_mel_bins}.items():
+        if key in cfg and cfg[key] != value:
+            raise ValueError(f"preprocessor_config.json: {key} {cfg[key]!r}; this Whisper "
+                             f"log-mel computes {value!r}")

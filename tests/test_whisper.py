@@ -200,17 +200,40 @@ def test_audio_over_one_window_is_refused_at_start(ckpt):
         AudioProcessor(ckpt["english"], "m", 80, 1500, AudioLimits(max_seconds=45))
 
 
-def test_log_mel_equals_hfs_numpy_extractor(ckpt):
-    """The features (HF's torch path) against HF's independent numpy path."""
-    processor = AudioProcessor(ckpt["english"], "m", 80, 1500)
-    samples = clip(3, seconds=7.3)
-    ours = processor.log_mel(samples)
-    ex = processor.extractor
-    padded = np.zeros((1, ex.n_samples), np.float32)
-    padded[0, :len(samples)] = samples
-    reference = ex._np_extract_fbank_features(padded, "cpu")[0]
-    assert ours.shape == (80, 3000)
-    assert np.abs(ours.numpy() - reference).max() < 1e-4
+def test_log_mel_equals_hfs_extractor(ckpt):
+    """The model's log-mel of a padded batch: bit for bit HF's extractor (its torch path,
+    one clip at a time), and within 1e-4 of its independent numpy path."""
+    from transformers import WhisperFeatureExtractor
+
+    from seq2serve.encoders.audio_features import AudioFeatures
+    from seq2serve.models.whisper.log_mel import LogMel
+
+    clips = [clip(3, seconds=7.3), clip(4, seconds=30), clip(5, seconds=0.2)]
+    for mels in (80, 128):
+        log_mel = LogMel(mels)
+        log_mel.init_buffers(torch.device("cpu"))
+        batch = AudioFeatures.batch([AudioFeatures(torch.from_numpy(c), 1500, "k")
+                                     for c in clips])
+        ours = log_mel(batch.samples)
+        ex = WhisperFeatureExtractor(feature_size=mels)
+        hf = torch.stack([ex(c, sampling_rate=16_000, return_tensors="pt").input_features[0]
+                          for c in clips])
+        assert ours.shape == (3, mels, 3000)
+        assert torch.equal(ours, hf)
+        reference = ex._np_extract_fbank_features(batch.samples.numpy(), "cpu")
+        assert np.abs(ours.numpy() - reference).max() < 1e-4
+
+
+def test_a_preprocessor_config_that_differs_is_named(ckpt, tmp_path):
+    import json
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(ckpt["english"], path)
+    (path / "preprocessor_config.json").write_text(json.dumps({"feature_size": 80,
+                                                               "hop_length": 320}))
+    with pytest.raises(ValueError, match="hop_length 320; this Whisper log-mel computes 160"):
+        AudioProcessor(str(path), "m", 80, 1500)
 
 
 def test_an_audio_batch_splits_into_rows_like_prompts():

@@ -21,7 +21,8 @@ from torch import nn
 from seq2serve.models.bart.model import BartDecoderLayer, BartEncoderLayer, _embedding
 from seq2serve.models.linear import Linear
 from seq2serve.models.norm import LayerNorm
-from seq2serve.models.whisper.config import N_FRAMES, WhisperConfig
+from seq2serve.models.whisper.config import N_SAMPLES, WhisperConfig
+from seq2serve.models.whisper.log_mel import LogMel
 from seq2serve.models.whisper.weights import hf_to_param
 
 if TYPE_CHECKING:
@@ -33,10 +34,10 @@ class WindowBatch:
     """The windows of one ENCODE batch, as the encoder reads them (the encoder stage builds it
     from the requests' `encoders/audio_features.AudioFeatures`)."""
 
-    features: torch.Tensor  # [windows, mels, 3000] float32 log-mel (HF's WhisperFeatureExtractor)
+    samples: torch.Tensor  # [windows, 480,000] float32: 30 s at 16 kHz, zero-padded
 
     def to(self, device: str) -> WindowBatch:
-        return WindowBatch(self.features.to(device, non_blocking=True))
+        return WindowBatch(self.samples.to(device, non_blocking=True))
 
 
 class WhisperForConditionalGeneration(nn.Module):
@@ -49,6 +50,7 @@ class WhisperForConditionalGeneration(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
+        self.log_mel = LogMel(cfg.num_mel_bins)
         self.conv1 = nn.Conv1d(cfg.num_mel_bins, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
         for p in (*self.conv1.parameters(), *self.conv2.parameters()):
@@ -68,9 +70,10 @@ class WhisperForConditionalGeneration(nn.Module):
 
     # --- the encoder stage -------------------------------------------------------------------
     def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
-        """The encoder over a batch of windows (`fb.model_input`: an `AudioBatch` of log-mel
-        features [windows, mels, 3000]); returns hidden states [windows * 1500, d_model]."""
-        feats = fb.model_input.features.to(self.conv1.weight.dtype)
+        """The encoder over a batch of windows (`fb.model_input`: a `WindowBatch` of samples);
+        the log-mel features computed here, on the model's device, in float32 (HF's
+        extractor's); returns hidden states [windows * 1500, d_model]."""
+        feats = self.log_mel(fb.model_input.samples.float()).to(self.conv1.weight.dtype)
         x = F.gelu(self.conv1(feats))
         x = F.gelu(self.conv2(x)).transpose(1, 2)  # [windows, 1500, d_model]
         x = (x + self.encoder_positions).reshape(-1, self.cfg.d_model)
@@ -81,8 +84,7 @@ class WhisperForConditionalGeneration(nn.Module):
     def warm_encoder_input(self) -> tuple[WindowBatch, list[int]]:
         """One silent window (the model runner encodes it at start-up on CUDA, so the
         encoder's kernels compile before the first request)."""
-        silence = torch.full((1, self.cfg.num_mel_bins, N_FRAMES), -1.5)
-        return WindowBatch(silence), [self.cfg.max_source_positions]
+        return WindowBatch(torch.zeros(1, N_SAMPLES)), [self.cfg.max_source_positions]
 
     def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
         """Project the encoder output to each decoder layer's cross K/V, once."""
@@ -123,6 +125,7 @@ class WhisperForConditionalGeneration(nn.Module):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
+        self.log_mel.init_buffers(self.conv1.weight.device)
         for name, shard in self.absent_shards():
             sizes = self.get_submodule(name.removesuffix(".bias")).shard_sizes  # this rank's
             self.get_parameter(name).narrow(0, sum(sizes[:shard]), sizes[shard]).zero_()
