@@ -111,16 +111,19 @@ def test_beam_search_matches_hf(ckpt, hf, engines):
                                                               abs=1e-4)
 
 
-def test_a_repeated_clip_is_encoded_once_as_a_file_or_as_samples(ckpt, engines):
-    """The encoder cache keys audio by its decoded samples: a float WAV of the samples and
-    the samples themselves are one entry."""
+def test_a_repeated_clip_is_encoded_once_as_a_file_or_as_samples(ckpt, engines, tmp_path):
+    """The encoder cache keys audio by its decoded samples: a float WAV of the samples (read
+    from a path: the engine's caller may name files) and the samples themselves are one
+    entry."""
     engine = engines["multilingual"]
     prompt = WhisperPrompt.from_model(ckpt["multilingual"]).tokens("en")
     samples = clip(7)
+    path = tmp_path / "clip.wav"
+    path.write_bytes(encoded(samples, 16_000, "WAV", "FLOAT"))
     assert engine.flush_cache()
     before = engine.stats()["encoder_inputs"]
-    first = engine.generate(audio_data=encoded(samples, 16_000, "WAV", "FLOAT"),
-                            decoder_input_ids=prompt, sampling_params=GREEDY)
+    first = engine.generate(audio_data=str(path), decoder_input_ids=prompt,
+                            sampling_params=GREEDY)
     again = engine.generate(audio_data=samples, decoder_input_ids=prompt,
                             sampling_params=GREEDY)
     assert again["output_ids"] == first["output_ids"]
