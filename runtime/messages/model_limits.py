@@ -45,7 +45,8 @@ class ModelLimits:
                 raise ValueError(f"{name} has token id {bad[0]} outside [0, {limit})")
         limit = min(self.max_encoder_len, self.cross_capacity_tokens)
         if image_tokens > limit:
-            raise ValueError(f"the images need {image_tokens} cross-attention tokens, over the "
+            what = "images" if not self.is_encoder_decoder else "encoder inputs (audio)"
+            raise ValueError(f"the {what} need {image_tokens} cross-attention tokens, over the "
                              f"limit of {limit} (max_encoder_len / cross-KV pool)")
         if len(encoder_ids) + image_tokens > limit:
             raise ValueError(f"the input is {len(encoder_ids) + image_tokens} tokens, longer "
