@@ -34,11 +34,14 @@ def _features(path: str, seeds) -> list:
     return [processor(clip(s)) for s in seeds]
 
 
-def _run(path: str, features: list, max_new: int, **kwargs) -> dict[str, list[int]]:
+def _run(path: str, features: list, max_new: int, ops=None, **kwargs) -> dict[str, list[int]]:
+    from seq2serve.models.ops import use_ops
     from seq2serve.runtime.frontend.transcription import WhisperPrompt
 
     prompt = WhisperPrompt.from_model(path).tokens(PROMPT_LANGUAGE)
     sched = make_scheduler(path, page_size=4, **kwargs)
+    if ops is not None:
+        use_ops(sched.worker.model_runner.model, ops)
     for i, f in enumerate(features):
         tr = request(str(i), [], prompt, max_new_tokens=max_new)
         tr.encoder_inputs = [f]
@@ -47,8 +50,13 @@ def _run(path: str, features: list, max_new: int, **kwargs) -> dict[str, list[in
 
 
 def test_triton_interpreted_matches_torch_native(ckpt):
+    """The Triton attention kernels and the Triton ops (the biased GEMV of one decode row,
+    LayerNorm) against the reference."""
+    from seq2serve.models.ops import TritonOps
+
     features = _features(ckpt, [0])
-    assert _run(ckpt, features, 3, attention_backend="triton") == \
+    assert _run(ckpt, features, 3, TritonOps(gemv_blocks=(1024, 64)),
+                attention_backend="triton") == \
         _run(ckpt, features, 3, attention_backend="torch_native")
 
 
