@@ -89,10 +89,9 @@ class TokenizerManager:
         self.audio_processor = None
         self.whisper_prompt = None  # a speech model's default decoder prompt
         if info.get("has_audio"):
-            from seq2serve.runtime.frontend.transcription import WhisperPrompt
-
             from seq2serve.encoders.audio_features import AudioProcessor
             from seq2serve.encoders.audio_loader import AudioLimits
+            from seq2serve.runtime.frontend.transcription import WhisperPrompt
 
             limits = AudioLimits(self.limits.max_audio_bytes, self.limits.max_audio_seconds)
             self.audio_processor = AudioProcessor(model_id, model_id, info["num_mel_bins"],
@@ -198,9 +197,9 @@ class TokenizerManager:
         return is_batch or len(rids) > 1, reqs
 
     def _audio(self, items: list[dict[str, Any]]) -> list[list]:
-        """Each prompt's audio as the encoder's input ([] where it has none): decoded,
-        resampled and turned into log-mel features, one prompt at a time (the CPU work is
-        numpy's and torch's, which release the GIL; this runs off the event loop)."""
+        """Each prompt's audio as the encoder's input ([] where it has none): decoded and
+        resampled to 16 kHz samples, one prompt at a time, off the event loop (the log-mel
+        features are the model's, computed on its device)."""
         given = [item["audio_data"] is not None for item in items]
         if self.audio_processor is None:
             if any(given):
