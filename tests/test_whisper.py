@@ -79,10 +79,15 @@ def test_greedy_matches_hf_for_files_of_every_format(ckpt, hf, engines):
             assert r["output_ids"][0] not in cfg.begin_suppressed_token_ids
 
 
-def test_without_a_decoder_prompt(ckpt, hf, engines):
-    """An English-only model's default prompt is HF's; a multilingual one needs a language."""
+def test_without_a_decoder_prompt_and_streamed(ckpt, hf, engines):
+    """An English-only model's default prompt is HF's; a multilingual one needs a language.
+    A stream's pieces add up to the result."""
     got = engines["english"].generate(audio_data=clip(3), sampling_params=GREEDY)
     assert got["output_ids"] == hf_generate(hf, "english", clip(3))[0].tolist()
+    chunks = list(engines["english"].generate(audio_data=clip(3), sampling_params=GREEDY,
+                                              stream=True))
+    assert [t for c in chunks for t in c["output_ids"]] == got["output_ids"]
+    assert "".join(c["text"] for c in chunks) == got["text"]
     with pytest.raises(ValueError, match=r"give decoder_input_ids: .*language detection"):
         engines["multilingual"].generate(audio_data=clip(3), sampling_params=GREEDY)
 
