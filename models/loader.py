@@ -81,7 +81,7 @@ def check_tensor_parallel(model_config, size: int) -> None:
     cls = registry.model_class(model_config.architecture)
     if not getattr(cls, "tensor_parallel", False):
         raise ValueError(f"tp_size {size}: tensor parallelism is not built for "
-                         f"{model_config.architecture} (T5/mT5, Llama and Mllama have it)")
+                         f"{model_config.architecture} (T5/mT5, Llama, Mllama and Whisper have it)")
     if fp8_checkpoint.check_config(model_config.model_path):
         raise ValueError(f"tp_size {size}: FP8 checkpoints are served on one rank only "
                          "(--quantization fp8 quantizes each rank's shard of a 16-bit one)")
@@ -176,6 +176,9 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
     tp_dims = {name: _tp_dim(model, name) for name in params}
     expected = {(name, s) for name in params
                 for s in (range(len(shard_sizes[name])) if shard_sizes[name] else [None])}
+    # parts no checkpoint has, which the model fills itself (Whisper: its fused attention
+    # biases' key part, zero in `init_buffers`)
+    expected -= set(getattr(model, "absent_shards", tuple)())
     loaded: set[tuple[str, int | None]] = set()
     source: dict[tuple[str, int | None], str] = {}
     for path in files:

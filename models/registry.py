@@ -15,13 +15,16 @@ _MODELS: dict[str, tuple[str, str]] = {
                                        "BartForConditionalGeneration"),
     "MBartForConditionalGeneration": ("seq2serve.models.bart.model",
                                       "BartForConditionalGeneration"),
+    "WhisperForConditionalGeneration": ("seq2serve.models.whisper.model",
+                                        "WhisperForConditionalGeneration"),
 }
 
 # model_type -> architecture, for configs written without "architectures"
 _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
                 "llama": "LlamaForCausalLM", "mllama": "MllamaForConditionalGeneration",
                 "marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration",
-                "mbart": "MBartForConditionalGeneration"}
+                "mbart": "MBartForConditionalGeneration",
+                "whisper": "WhisperForConditionalGeneration"}
 
 
 def supported_architectures() -> list[str]:

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from seq2serve.models import parallel_state
 from seq2serve.models.attention import Attention
 from seq2serve.models.bart.config import BartConfig
 from seq2serve.models.bart.positions import PositionTable
 from seq2serve.models.bart.weights import hf_to_param, load_priority
-from seq2serve.models.linear import Linear
+from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.mlp import MLP
 from seq2serve.models.norm import LayerNorm
 from seq2serve.runtime.attention.base import AttentionKind
@@ -38,33 +39,43 @@ def residual(norm: LayerNorm, x: torch.Tensor, sublayer: Callable[[torch.Tensor]
     return norm(x + sublayer(x))
 
 
+def _local_heads(heads: int) -> int:
+    """This tensor-parallel rank's attention heads (all of them at tp_size 1)."""
+    return parallel_state.tensor_parallel().shard(heads, "attention heads")
+
+
 class BartSelfAttention(nn.Module):
+    """Heads split over tensor-parallel ranks (column-parallel q/k/v, row-parallel output:
+    plain linears at tp_size 1), as T5's."""
+
     def __init__(self, d_model: int, heads: int, kind: AttentionKind, layer_id: int) -> None:
         super().__init__()
-        head_dim = d_model // heads
-        self.qkv = Linear(d_model, [d_model, d_model, d_model], bias=True)
-        self.o = Linear(d_model, d_model, bias=True)
-        self.attn = Attention(kind, layer_id, heads, heads, head_dim, scaling=head_dim**-0.5)
-        self.d_model = d_model
+        head_dim, local = d_model // heads, _local_heads(heads)
+        self.qkv = ColumnParallelLinear(d_model, [d_model, d_model, d_model], bias=True,
+                                        what="heads' q/k/v")
+        self.o = RowParallelLinear(d_model, d_model, bias=True, what="heads' outputs")
+        self.attn = Attention(kind, layer_id, local, local, head_dim, scaling=head_dim**-0.5)
+        self.inner = local * head_dim  # this rank's heads' share of q, k and v
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch | EncodeForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+        q, k, v = self.qkv(x).split(self.inner, dim=-1)
         return self.o(self.attn(q, k, v, fb))
 
 
 class BartCrossAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, layer_id: int) -> None:
         super().__init__()
-        head_dim = d_model // heads
-        self.q = Linear(d_model, d_model, bias=True)
-        self.kv = Linear(d_model, [d_model, d_model], bias=True)
-        self.o = Linear(d_model, d_model, bias=True)
-        self.attn = Attention(AttentionKind.CROSS, layer_id, heads, heads, head_dim,
+        head_dim, local = d_model // heads, _local_heads(heads)
+        self.q = ColumnParallelLinear(d_model, d_model, bias=True, what="heads' q")
+        self.kv = ColumnParallelLinear(d_model, [d_model, d_model], bias=True,
+                                       what="heads' k/v")
+        self.o = RowParallelLinear(d_model, d_model, bias=True, what="heads' outputs")
+        self.attn = Attention(AttentionKind.CROSS, layer_id, local, local, head_dim,
                               scaling=head_dim**-0.5)
-        self.d_model = d_model
+        self.inner = local * head_dim
 
     def store_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
-        k, v = self.kv(encoder_hidden).split(self.d_model, dim=-1)
+        k, v = self.kv(encoder_hidden).split(self.inner, dim=-1)
         self.attn.store_cross_kv(k, v, fb)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:

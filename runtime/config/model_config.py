@@ -25,6 +25,10 @@ class ModelConfig:
     generation_forced_bos: int | None = None  # generation_config.json's forced_bos_token_id
     # generation_config.json's forced_eos_token_id, as ids; None where the file has no such key
     generation_forced_eos: tuple[int, ...] | None = None
+    # generation_config.json's suppress_tokens / begin_suppress_tokens (Whisper); None where
+    # the file has no such key
+    generation_suppress: tuple[int, ...] | None = None
+    generation_begin_suppress: tuple[int, ...] | None = None
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -50,6 +54,8 @@ class ModelConfig:
             generation_bad_ids=_generation_bad_ids(model_path),
             generation_forced_bos=_generation_config(model_path).get("forced_bos_token_id"),
             generation_forced_eos=_generation_forced_eos(model_path),
+            generation_suppress=_generation_ids(model_path, "suppress_tokens"),
+            generation_begin_suppress=_generation_ids(model_path, "begin_suppress_tokens"),
         )
 
     @property
@@ -59,10 +65,21 @@ class ModelConfig:
 
     @property
     def suppressed_token_ids(self) -> tuple[int, ...]:
-        """Tokens never generated: the model's own (Marian's pad) and generation_config.json's
-        single-token bad_words_ids."""
+        """Tokens never generated: the model's own (Marian's pad), generation_config.json's
+        single-token bad_words_ids, and its suppress_tokens (Whisper; else config.json's) as
+        HF's SuppressTokensLogitsProcessor bans them."""
         own = getattr(self.arch, "suppressed_token_ids", ())
-        return tuple(sorted(set(own) | set(self.generation_bad_ids)))
+        suppress = (self.generation_suppress if self.generation_suppress is not None
+                    else getattr(self.arch, "suppress_tokens", ()))
+        return tuple(sorted(set(own) | set(self.generation_bad_ids) | set(suppress)))
+
+    @property
+    def begin_suppressed_token_ids(self) -> tuple[int, ...]:
+        """Tokens never a request's first generated token: generation_config.json's
+        begin_suppress_tokens (Whisper: the space and EOS), else config.json's."""
+        if self.generation_begin_suppress is not None:
+            return self.generation_begin_suppress
+        return tuple(getattr(self.arch, "begin_suppress_tokens", ()))
 
     @property
     def forced_bos_token_id(self) -> int | None:
@@ -111,6 +128,13 @@ def _generation_forced_eos(model_path: str) -> tuple[int, ...] | None:
     if value is None:
         return ()
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def _generation_ids(model_path: str, key: str) -> tuple[int, ...] | None:
+    gen = _generation_config(model_path)
+    if key not in gen:
+        return None
+    return tuple(int(v) for v in gen[key] or ())
 
 
 def _generation_eos(model_path: str) -> tuple[int, ...]:

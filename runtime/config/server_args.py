@@ -22,6 +22,8 @@ class RequestLimits:
     max_batch_inputs: int = 1024  # rows: prompts x n x num_beams
     max_stop_chars: int = 1024  # all stop strings' characters together
     max_document_chars: int = 100_000  # one document of a translation request
+    max_audio_bytes: int = 25 << 20  # one encoded audio file (speech models)
+    max_audio_seconds: float = 30.0  # one audio's duration (one Whisper window)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class ServerArgs:
     max_image_pixels: int = 40_000_000  # largest width * height of one image
     allow_remote_media: bool = False  # fetch http(s) image URLs (size-capped, with a timeout)
     allowed_local_media_path: str | None = None  # server: read image file paths under this dir
+    # audio (speech models: Whisper)
+    max_audio_bytes: int = 26_214_400  # largest encoded audio file (25 MiB, OpenAI's limit)
+    max_audio_seconds: float = 30.0  # longest audio (one 30 s window; longer is not cut yet)
     # HTTP server
     host: str = "127.0.0.1"  # address the HTTP server binds
     port: int = 30000  # HTTP port
@@ -119,6 +124,7 @@ class ServerArgs:
                      "max_prefill_tokens", "port",
                      "max_encoder_batch_tokens", "cuda_graph_max_bs",
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
+                     "max_audio_bytes",
                      "max_n", "max_batch_inputs", "max_stop_chars", "max_document_chars",
                      "max_connections",
                      "timeout_keep_alive")
@@ -131,6 +137,9 @@ class ServerArgs:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if not (isinstance(self.max_audio_seconds, (int, float)) and self.max_audio_seconds > 0):
+            raise ValueError(f"max_audio_seconds must be a positive number of seconds, "
+                             f"got {self.max_audio_seconds!r}")
         if not (isinstance(self.header_timeout, (int, float)) and self.header_timeout > 0):
             raise ValueError(f"header_timeout must be a positive number of seconds, "
                              f"got {self.header_timeout!r}")
@@ -199,7 +208,9 @@ class ServerArgs:
                              max_images_total=self.max_images_per_call,
                              max_batch_inputs=self.max_batch_inputs,
                              max_stop_chars=self.max_stop_chars,
-                             max_document_chars=self.max_document_chars)
+                             max_document_chars=self.max_document_chars,
+                             max_audio_bytes=self.max_audio_bytes,
+                             max_audio_seconds=self.max_audio_seconds)
 
     def isolation(self) -> CacheIsolation:
         return CacheIsolation(self.cache_isolation, self.cache_public_min_users,

@@ -89,7 +89,10 @@ class ModelRunner:
         self.context_len = a.context_length or arch.max_length or _DEFAULT_MAX_LEN
         self.max_encoder_len = 0
         if arch.is_encoder_decoder:
-            self.max_encoder_len = a.max_encoder_len or arch.max_length or _DEFAULT_MAX_LEN
+            # an encoder of its own length (Whisper: 1,500 positions, its decoder 448)
+            self.max_encoder_len = (a.max_encoder_len
+                                    or getattr(arch, "max_encoder_length", arch.max_length)
+                                    or _DEFAULT_MAX_LEN)
         elif arch.num_cross_attn_layers:  # a cross-attention decoder: room for its inputs
             self.max_encoder_len = (a.max_encoder_len
                                     or arch.default_max_encoder_len(a.max_images_per_request))
@@ -127,8 +130,14 @@ class ModelRunner:
         """Encode a 2-token source once, its cross K/V written to slots no request owns yet:
         the encoder's kernels compile now, not in the first request (1.0 s of its 1.6 s on an
         H100, mT5-large: benchmarks/profile_first_request.py)."""
-        self.encode(EncodeBatch(token_ids=torch.tensor([3, 1]), model_input=None,
-                                segment_lens=[2], cross_out_loc=torch.arange(2)))
+        own = getattr(self.model, "warm_encoder_input", None)  # a model's own input (Whisper)
+        if own is not None:
+            model_input, lens = own()
+            self.encode(EncodeBatch(token_ids=None, model_input=model_input, segment_lens=lens,
+                                    cross_out_loc=torch.arange(sum(lens))))
+        else:
+            self.encode(EncodeBatch(token_ids=torch.tensor([3, 1]), model_input=None,
+                                    segment_lens=[2], cross_out_loc=torch.arange(2)))
         torch.cuda.synchronize()
 
     @property

@@ -77,12 +77,15 @@ class SamplingBatch:
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
                   device: str, pending: int | list[int] = 0,
-                  beams: dict | None = None, forced_eos: tuple[int, ...] = ()) -> SamplingBatch:
+                  beams: dict | None = None, forced_eos: tuple[int, ...] = (),
+                  begin_suppressed: tuple[int, ...] = ()) -> SamplingBatch:
         """`pending`: tokens each request (or, a list, each row) has generated that the host
         has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
         is on the host); they count for seeds and min_new_tokens.
         `beams`: `beam_layout(...)` when the batch has beam search rows. `forced_eos`: the
-        model's forced_eos_token_id(s), forced on a row's last token."""
+        model's forced_eos_token_id(s), forced on a row's last token. `begin_suppressed`:
+        tokens banned as a row's first generated token (HF's
+        SuppressTokensAtBeginLogitsProcessor: Whisper's begin_suppress_tokens)."""
         sps = [r.sampling_params for r in reqs]
         pend = pending if isinstance(pending, list) else [pending] * len(reqs)
 
@@ -102,6 +105,9 @@ class SamplingBatch:
 
         banned_rows, banned_cols = [], []
         for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
+            if begin_suppressed and len(r.output_ids) + p == 0:
+                banned_rows += [i] * len(begin_suppressed)
+                banned_cols += list(begin_suppressed)
             if len(r.output_ids) + p < sp.min_new_tokens:
                 ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
                 banned_rows += [i] * len(ban)

@@ -94,19 +94,24 @@ class Seq2SeqEngine:
                  stream: bool = False, return_logprob: bool = False,
                  top_logprobs_num: int = 0, rid: str | list[str] | None = None,
                  image_data: Any = None, user: str | None = None,
-                 logprob_start_len: int | None = None):
+                 logprob_start_len: int | None = None, audio_data: Any = None):
         """`image_data` (vision models) is aligned with the prompts: for each, one image or a
         list (empty for text-only); an image is a path, bytes, base64, a data URL or a PIL
         image. With `return_logprob` and `logprob_start_len` k, meta_info also has
         "input_token_logprobs": (log-prob, id) of the decoder input from position k on (the
         decoder start token, or a decoder-only prompt's first token, is position 0 and has no
-        log-prob: None); max_new_tokens 0 scores without generating."""
+        log-prob: None); max_new_tokens 0 scores without generating. `audio_data` (speech
+        models: Whisper) is the encoder input in place of a prompt: one audio, or a list for a
+        batch; an audio is a WAV/FLAC/OGG/MP3 file's bytes, a path, or 16 kHz samples as a 1-D
+        float array (up to 30 s). Its decoder prompt is `decoder_input_ids`
+        (`WhisperPrompt.from_model(path).tokens(language, task)`: start, language, task,
+        no-timestamps tokens; an English-only model's by default)."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
-                               image_data=image_data, user=user,
+                               image_data=image_data, audio_data=audio_data, user=user,
                                logprob_start_len=logprob_start_len,
                                show_replica=True)  # the engine's caller runs the server
         if stream:
@@ -123,14 +128,14 @@ class Seq2SeqEngine:
                              stream: bool = False, return_logprob: bool = False,
                              top_logprobs_num: int = 0, rid: str | list[str] | None = None,
                              image_data: Any = None, user: str | None = None,
-                             logprob_start_len: int | None = None):
+                             logprob_start_len: int | None = None, audio_data: Any = None):
         """Like `generate`, from async code. With stream=True it returns an async iterator."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
                                return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num, rid=rid,
-                               image_data=image_data, user=user,
+                               image_data=image_data, audio_data=audio_data, user=user,
                                logprob_start_len=logprob_start_len,
                                show_replica=True)  # the engine's caller runs the server
         if stream:
@@ -347,7 +352,7 @@ async def _settle() -> None:
 
 
 def _returns_list(obj: GenerateReqInput) -> bool:
-    is_batch = isinstance(obj.text, list) or (
+    is_batch = isinstance(obj.text, list) or isinstance(obj.audio_data, list) or (
         isinstance(obj.input_ids, list) and bool(obj.input_ids)
         and isinstance(obj.input_ids[0], list))
     return is_batch or results_per_prompt(obj.sampling_params) > 1

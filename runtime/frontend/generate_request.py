@@ -27,6 +27,10 @@ class GenerateReqInput:
     rid: str | list[str] | None = None
     # images of each prompt (vision models): one image or a list per prompt
     image_data: Any = None
+    # audio (speech models, Whisper): the encoder input itself, in place of text / input_ids;
+    # one audio (file bytes, a path, or 16 kHz samples as a 1-D float array), or a list of
+    # them for a batch
+    audio_data: Any = None
     user: str | None = None  # the caller's user id: caches are per user under isolation
     # decoder_input_ids' tokens after the start token that stand for a forced first generated
     # token (a translation's target language; TokenizedRequest.decoder_forced); one for every
@@ -39,9 +43,16 @@ class GenerateReqInput:
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,
         sampling_params, rid); raises ValueError naming the bad field."""
-        if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give exactly one of text (prompt) or input_ids")
-        if self.text is not None:
+        given = [self.text is not None, self.input_ids is not None, self.audio_data is not None]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of text (prompt), input_ids or audio_data")
+        if self.audio_data is not None:
+            is_batch = isinstance(self.audio_data, list)
+            audios = self.audio_data if is_batch else [self.audio_data]
+            if not audios:
+                raise ValueError("audio_data is an empty list")
+            items = [{"input_ids": [], "audio_data": a} for a in audios]
+        elif self.text is not None:
             is_batch = isinstance(self.text, list)
             prompts = self.text if is_batch else [self.text]
             if not prompts:
@@ -70,6 +81,7 @@ class GenerateReqInput:
             for item, v in zip(items, per):
                 item[key] = v
         for item in items:
+            item.setdefault("audio_data", None)
             imgs = item["image_data"]
             item["image_data"] = [] if imgs is None else (imgs if isinstance(imgs, list)
                                                            else [imgs])
@@ -102,9 +114,9 @@ def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
     """`obj` as consecutive batches of at most `max_rows` rows each (a prompt's rows never
     split; one prompt over the limit stays alone, to be refused), whose results in order are
     `obj`'s. A single prompt, or a batch within the limit, is returned as it is."""
-    prompts = obj.text if obj.text is not None else obj.input_ids
+    prompts = next(p for p in (obj.text, obj.input_ids, obj.audio_data, []) if p is not None)
     is_batch = isinstance(prompts, list) and bool(prompts) and (
-        obj.text is not None or isinstance(prompts[0], list))
+        obj.input_ids is None or isinstance(prompts[0], list))
     if not is_batch:
         return [obj]
     n = len(prompts)
@@ -119,11 +131,18 @@ def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
         if count and (count + r > max_rows or i == n):
             part = slice(start, i)
             chunks.append(dataclasses.replace(
-                obj, **{"text" if obj.text is not None else "input_ids": prompts[part]},
+                obj, **{_prompt_field(obj): prompts[part]},
                 **{k: v[part] for k, v in fields.items()}))
             start, count = i, 0
         count += r
     return chunks
+
+
+def _prompt_field(obj: GenerateReqInput) -> str:
+    """The field that holds the prompts: text, input_ids or audio_data."""
+    if obj.text is not None:
+        return "text"
+    return "input_ids" if obj.input_ids is not None else "audio_data"
 
 
 def results_per_prompt(sampling_params: Any) -> int:

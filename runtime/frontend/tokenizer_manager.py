@@ -86,6 +86,18 @@ class TokenizerManager:
         self.isolation = isolation or CacheIsolation()  # the router's too
         self.image_processor = None
         self.image_pool = None
+        self.audio_processor = None
+        self.whisper_prompt = None  # a speech model's default decoder prompt
+        if info.get("has_audio"):
+            from seq2serve.encoders.audio_features import AudioProcessor
+            from seq2serve.encoders.audio_loader import AudioLimits
+            from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
+            limits = AudioLimits(self.limits.max_audio_bytes, self.limits.max_audio_seconds)
+            self.audio_processor = AudioProcessor(model_id, model_id, info["num_mel_bins"],
+                                                  info["audio_tokens"], limits,
+                                                  self.media_policy)
+            self.whisper_prompt = WhisperPrompt.from_model(model_id)
         if info.get("has_vision"):
             import torch
 
@@ -138,6 +150,7 @@ class TokenizerManager:
                              f"over this server's limit of {self.limits.max_batch_inputs} "
                              f"(max_batch_inputs)")
         per_item = self._images([item["image_data"] for item in items])
+        per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
         group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
         for item, images in zip(items, per_item):
@@ -182,6 +195,26 @@ class TokenizerManager:
         if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")
         return is_batch or len(rids) > 1, reqs
+
+    def _audio(self, items: list[dict[str, Any]]) -> list[list]:
+        """Each prompt's audio as the encoder's input ([] where it has none): decoded and
+        resampled to 16 kHz samples, one prompt at a time, off the event loop (the log-mel
+        features are the model's, computed on its device)."""
+        given = [item["audio_data"] is not None for item in items]
+        if self.audio_processor is None:
+            if any(given):
+                raise ValueError("this model takes no audio (audio_data was given)")
+            return [[] for _ in items]
+        if not all(given):
+            raise ValueError("this model's input is audio: give audio_data, not text or "
+                             "input_ids")
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append([self.audio_processor(item["audio_data"])])
+            except ValueError as e:
+                raise ValueError(f"audio {i}: {e}" if len(items) > 1 else str(e)) from None
+        return out
 
     def tokenize_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Each text's token ids: as a prompt (the special tokens generate adds, Mllama's BOS
@@ -313,12 +346,23 @@ class TokenizerManager:
                 raise ValueError("decoder_input_ids is only for encoder-decoder models")
             return [], ids, 0
         start = self.info["decoder_start_token_id"]
+        if item["decoder_input_ids"] is None and self.whisper_prompt is not None:
+            return ids, self._default_whisper_prompt(), 0
         dec = list(item["decoder_input_ids"] or [])
         if item["decoder_input_ids"] is None and self.info.get("forced_bos_token_id") is not None:
             dec, forced = [self.info["forced_bos_token_id"]], 1
         if not dec or dec[0] != start:
             dec = [start] + dec
         return ids, dec, forced
+
+    def _default_whisper_prompt(self) -> list[int]:
+        """A speech model's prompt when the caller gives none: an English-only model's
+        (start, no timestamps), as HF's generate; a multilingual one's names a language."""
+        try:
+            return self.whisper_prompt.tokens()
+        except ValueError as e:
+            raise ValueError(f"give decoder_input_ids: WhisperPrompt.from_model(path).tokens("
+                             f"language, task) ({e})") from None
 
     def _check_limits(self, sp: SamplingParams) -> None:
         lim = self.limits
@@ -392,7 +436,7 @@ class TokenizerManager:
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
         """The request as sent: every image's pixels in the PixelStore (written once per
         image, pinned until the request ends), the request carrying only the files' names."""
-        if not r.encoder_inputs:
+        if not r.encoder_inputs or self.pixel_store is None:  # audio travels with the request
             return r
         stored = []
         try:
@@ -405,6 +449,8 @@ class TokenizerManager:
         return dataclasses.replace(r, encoder_inputs=stored)
 
     def _release(self, r: TokenizedRequest) -> None:
+        if self.pixel_store is None:
+            return
         for img in r.encoder_inputs:
             self.pixel_store.release(img.key)
 

@@ -29,8 +29,10 @@ class ModelLimits:
 
     def check(self, encoder_ids: list[int], decoder_ids: list[int], max_new_tokens: int,
               image_tokens: int = 0) -> None:
-        """ValueError naming the problem if a request of these inputs could never run."""
-        if self.is_encoder_decoder and not encoder_ids:
+        """ValueError naming the problem if a request of these inputs could never run.
+        `image_tokens`: the cross K/V tokens of the model's own encoder inputs (Mllama's
+        images, Whisper's audio windows)."""
+        if self.is_encoder_decoder and not encoder_ids and not image_tokens:
             raise ValueError("the encoder input is empty")
         if not decoder_ids:
             raise ValueError("the decoder input is empty")
@@ -43,7 +45,8 @@ class ModelLimits:
                 raise ValueError(f"{name} has token id {bad[0]} outside [0, {limit})")
         limit = min(self.max_encoder_len, self.cross_capacity_tokens)
         if image_tokens > limit:
-            raise ValueError(f"the images need {image_tokens} cross-attention tokens, over the "
+            what = "images" if not self.is_encoder_decoder else "encoder inputs (audio)"
+            raise ValueError(f"the {what} need {image_tokens} cross-attention tokens, over the "
                              f"limit of {limit} (max_encoder_len / cross-KV pool)")
         if len(encoder_ids) + image_tokens > limit:
             raise ValueError(f"the input is {len(encoder_ids) + image_tokens} tokens, longer "

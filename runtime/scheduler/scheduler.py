@@ -129,7 +129,8 @@ class Scheduler:
         self.in_flight: InFlight | None = None
         self.launcher = StepLauncher(self.worker, self.memory, model_config.vocab_size,
                                      self.eos_ids, self.device,
-                                     forced_eos=model_config.forced_eos_token_ids)
+                                     forced_eos=model_config.forced_eos_token_ids,
+                                     begin_suppressed=model_config.begin_suppressed_token_ids)
         self.notices: list[TokenOutput] = []  # requests refused at admission
 
     # --- requests in -------------------------------------------------------------------------

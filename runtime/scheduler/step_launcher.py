@@ -39,13 +39,15 @@ class InFlight:
 class StepLauncher:
     def __init__(self, executor, memory: RequestMemory, vocab_size: int,
                  eos_ids: tuple[int, ...], device: str,
-                 forced_eos: tuple[int, ...] = ()) -> None:
+                 forced_eos: tuple[int, ...] = (),
+                 begin_suppressed: tuple[int, ...] = ()) -> None:
         self.executor = executor  # its launch(DecoderBatch) -> StepOutput, looked up per call
         self.memory = memory
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.device = device
         self.forced_eos = forced_eos  # the model's forced_eos_token_id(s)
+        self.begin_suppressed = begin_suppressed  # tokens never a request's first (Whisper)
 
     def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None
                ) -> InFlight:
@@ -63,12 +65,14 @@ class StepLauncher:
                 input_ids = input_ids[order]
         pending = rows.pending
         sampling = None  # plain greedy for all: the argmax, nothing to build
-        if not all(plain_greedy(r, p, self.forced_eos) for r, p in zip(rows.reqs, pending)):
+        if not all(plain_greedy(r, p, self.forced_eos, self.begin_suppressed)
+                   for r, p in zip(rows.reqs, pending)):
             beams = (self._beam_layout(rows.groups, mode, prev, order) if rows.groups
                      else None)
             sampling = SamplingBatch.from_reqs(rows.reqs, self.vocab_size, self.eos_ids,
                                                self.device, pending=pending, beams=beams,
-                                               forced_eos=self.forced_eos)
+                                               forced_eos=self.forced_eos,
+                                               begin_suppressed=self.begin_suppressed)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling)
         else:

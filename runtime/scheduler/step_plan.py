@@ -44,14 +44,17 @@ def overlappable(reqs: list[Req]) -> bool:
                    for r in reqs)
 
 
-def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = ()) -> bool:
+def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
+                 begin_suppressed: tuple[int, ...] = ()) -> bool:
     """The argmax alone decides this request's next token (`pending`: its tokens sampled on
     the device that the host has not read); not its last one where the model forces an EOS
-    there (`forced_eos`)."""
+    there (`forced_eos`), nor its first where the model bans tokens there
+    (`begin_suppressed`)."""
     done = len(r.output_ids) + pending
     sp = r.sampling_params
     return (r.plain_greedy and done >= sp.min_new_tokens
-            and not (forced_eos and done + 1 >= sp.max_new_tokens))
+            and not (forced_eos and done + 1 >= sp.max_new_tokens)
+            and not (begin_suppressed and done == 0))
 
 
 def rows_ahead(running: list[Req], prev: list[Req], page_size: int

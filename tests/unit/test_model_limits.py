@@ -35,6 +35,11 @@ VISION = ModelLimits(vocab_size=100, input_vocab_size=101, is_encoder_decoder=Fa
     # the smaller of max_encoder_len (20) and the cross pool (16) decides
     (VISION, [], [1, 100], 4, 17, "the images need 17 cross-attention tokens, over the limit "
                                   "of 16"),
+    # an encoder-decoder model's own inputs (Whisper's audio: 1,500 tokens a window) are its
+    # encoder input: none of text is needed
+    (T5, [], [0], 4, 32, None),
+    (T5, [], [0], 4, 33, "the encoder inputs (audio) need 33 cross-attention tokens, over the "
+                         "limit of 32"),
 ])
 def test_each_rule_names_its_limit(limits, enc, dec, new, images, message):
     if message is None:

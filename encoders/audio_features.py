@@ -1,0 +1,97 @@
+"""Audio as an encoder input: `AudioFeatures` (Whisper's payload: one 30 s window's samples)
+and `AudioProcessor`, which makes it from what a caller sends.
+
+The payload carries the decoded 16 kHz samples, not features: the model computes the log-mel
+spectrogram on its own device as HF's `WhisperFeatureExtractor` computes it
+(`models/whisper/log_mel.py`), so a GPU server spends no frontend CPU on it. The encoder
+cache keys a window by its samples, so a clip sent as a file and as its samples (or in two
+encodings that decode to the same samples) is encoded once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from seq2serve.encoders.audio_loader import AudioLimits, read_audio
+from seq2serve.encoders.image_loader import MediaPolicy
+from seq2serve.models.whisper.config import (
+    CHUNK_SECONDS,
+    HOP_LENGTH,
+    N_FFT,
+    N_SAMPLES,
+    SAMPLING_RATE,
+)
+from seq2serve.models.whisper.model import WindowBatch
+
+# preprocessor_config.json's settings the model's log-mel assumes (every Whisper's)
+_FIXED = {"sampling_rate": SAMPLING_RATE, "n_fft": N_FFT, "hop_length": HOP_LENGTH,
+          "chunk_length": CHUNK_SECONDS, "padding_value": 0.0, "dither": 0.0,
+          "do_normalize": False}
+
+
+@dataclass
+class AudioFeatures:
+    """One window of audio (at most 30 s); its cross K/V are `num_tokens` (1,500) long. The
+    samples travel with the request (4 bytes a sample: 1.9 MB for 30 s)."""
+
+    samples: torch.Tensor | None = field(repr=False)  # [n <= 480,000] float32, 16 kHz
+    num_tokens: int
+    key: str  # content hash of model and samples
+
+    @property
+    def has_data(self) -> bool:
+        return self.samples is not None
+
+    @classmethod
+    def batch(cls, payloads: list[AudioFeatures]) -> WindowBatch:
+        """The windows zero-padded to 30 s, as HF's extractor pads them."""
+        out = torch.zeros(len(payloads), N_SAMPLES)
+        for row, p in zip(out, payloads):
+            row[:p.samples.numel()] = p.samples
+        return WindowBatch(out)
+
+
+class AudioProcessor:
+    """Caller's audio -> `AudioFeatures`, under byte, duration and path limits."""
+
+    def __init__(self, model_path: str, model_id: str, num_mel_bins: int, audio_tokens: int,
+                 limits: AudioLimits | None = None, policy: MediaPolicy | None = None) -> None:
+        _check_preprocessor(model_path, num_mel_bins)
+        self.limits = limits or AudioLimits()
+        if self.limits.max_seconds > CHUNK_SECONDS:  # would be cut off unsaid
+            raise ValueError(f"max_audio_seconds {self.limits.max_seconds:g}: audio longer "
+                             f"than one {CHUNK_SECONDS} s window is not cut into windows yet")
+        self.model_id = model_id
+        self.audio_tokens = audio_tokens
+        self.policy = policy or MediaPolicy()
+
+    def __call__(self, src: object) -> AudioFeatures:
+        samples = read_audio(src, self.limits, self.policy)
+        return AudioFeatures(torch.from_numpy(samples), self.audio_tokens, self.key(samples))
+
+    def key(self, samples: np.ndarray) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.model_id.encode())
+        h.update(b"\0audio\0")
+        h.update(samples.tobytes())
+        return h.hexdigest()
+
+
+def _check_preprocessor(model_path: str, num_mel_bins: int) -> None:
+    """A ValueError naming any preprocessor_config.json setting the model's log-mel does not
+    compute as written (a directory without the file gets Whisper's)."""
+    path = os.path.join(model_path, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        cfg = json.load(f)
+    for key, value in {**_FIXED, "feature_size": num_mel_bins}.items():
+        if key in cfg and cfg[key] != value:
+            raise ValueError(f"preprocessor_config.json: {key} {cfg[key]!r}; this Whisper "
+                             f"log-mel computes {value!r}")

@@ -1,0 +1,87 @@
+"""Whisper's decoder prompt: the tokens HF's `WhisperForConditionalGeneration.generate` forces
+before the text (`<|startoftranscript|>`, the language, the task, `<|notimestamps|>`), read
+from the checkpoint's generation_config.json (`lang_to_id`, `task_to_id`,
+`no_timestamps_token_id`, `is_multilingual`), as `decoder_input_ids` for generate. The prompt
+is forced, not generated: HF counts none of it in a beam's length (`decoder_forced` 0).
+
+Not built yet (issue 43): timestamps (`WhisperTimeStampLogitsProcessor`), language detection
+when no language is given, a previous-text `prompt` (`<|startofprev|>`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+TASKS = ("transcribe", "translate")
+
+
+@dataclass(frozen=True)
+class WhisperPrompt:
+    decoder_start_token_id: int
+    no_timestamps_token_id: int
+    is_multilingual: bool
+    lang_to_id: dict[str, int]  # "<|en|>" -> id
+    task_to_id: dict[str, int]  # "transcribe" -> id
+
+    @classmethod
+    def from_model(cls, model_path: str) -> WhisperPrompt:
+        """From the model directory's generation_config.json (and config.json's start token)."""
+        gen = _json(os.path.join(model_path, "generation_config.json"))
+        cfg = _json(os.path.join(model_path, "config.json"))
+        if "no_timestamps_token_id" not in gen:
+            raise ValueError(f"{model_path}: generation_config.json has no Whisper prompt "
+                             f"settings (no_timestamps_token_id, lang_to_id, task_to_id)")
+        return cls(
+            decoder_start_token_id=int(gen.get("decoder_start_token_id",
+                                               cfg.get("decoder_start_token_id", 50258))),
+            no_timestamps_token_id=int(gen["no_timestamps_token_id"]),
+            is_multilingual=bool(gen.get("is_multilingual", bool(gen.get("lang_to_id")))),
+            lang_to_id=dict(gen.get("lang_to_id") or {}),
+            task_to_id=dict(gen.get("task_to_id") or {}),
+        )
+
+    def tokens(self, language: str | None = None, task: str = "transcribe") -> list[int]:
+        """The forced prompt for `language` (a code "en" or "<|en|>", or an English name
+        "english") and `task`; a ValueError naming the choices for anything else."""
+        prompt = [self.decoder_start_token_id]
+        if self.is_multilingual:
+            if language is None:
+                raise ValueError("language detection is not built yet: give a language (one "
+                                 f"of {', '.join(self.language_codes())})")
+            prompt.append(self.language_id(language))
+            if task not in self.task_to_id:
+                raise ValueError(f"task {task!r} is not one of "
+                                 f"{', '.join(sorted(self.task_to_id))}")
+            prompt.append(self.task_to_id[task])
+        else:
+            if language not in (None, "en", "<|en|>", "english"):
+                raise ValueError(f"this model is English-only; language {language!r} "
+                                 f"cannot be given")
+            if task != "transcribe":
+                raise ValueError(f"this model is English-only: it only transcribes "
+                                 f"(task {task!r})")
+        return prompt + [self.no_timestamps_token_id]
+
+    def language_codes(self) -> list[str]:
+        return sorted(code.strip("<|>") for code in self.lang_to_id)
+
+    def language_id(self, language: str) -> int:
+        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+        name = language.lower()
+        code = TO_LANGUAGE_CODE.get(name, name).strip("<|>")
+        token = f"<|{code}|>"
+        if token not in self.lang_to_id:
+            raise ValueError(f"language {language!r} is not one of this model's: "
+                             f"{', '.join(self.language_codes())}")
+        return self.lang_to_id[token]
+
+
+def _json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
