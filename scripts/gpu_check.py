@@ -57,6 +57,7 @@ def check_tests() -> bool:
                                 "tests/test_gpu.py",
                                 "tests/test_triton_kernels.py", "tests/test_triton_ops.py",
                                 "tests/test_scoring.py", "tests/test_gpu_quantization.py",
+                                "tests/test_whisper_kernels.py",
                                 "tests/test_gpu_tensor_parallel.py"],  # (2 GPUs, else skips)
                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
