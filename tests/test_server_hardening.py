@@ -199,8 +199,9 @@ def test_streams_end_with_an_error_event_when_the_scheduler_dies():
 
 
 def test_slow_clients_lose_their_connections_and_are_capped():
-    """Connections that never finish their headers are closed after --header-timeout; past
-    --max-connections a new request gets a 503 rather than a socket held open."""
+    """Connections that never finish their headers are closed after --header-timeout, and
+    headers past 64 KiB get a 431 at once; past --max-connections a new request gets a 503
+    rather than a socket held open."""
     import socket
 
     srv = ServerProcess(DEMO, "--header-timeout", "1", "--max-connections", "30")
@@ -219,8 +220,20 @@ def test_slow_clients_lose_their_connections_and_are_capped():
             assert s.recv(1024) == b""
             s.close()
         assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+        # headers that never end, sent fast: refused once past the cap, not read until the
+        # deadline; a body larger than that cap is no header and is read
+        s = socket.create_connection((host, port))
+        s.settimeout(10)
+        try:
+            for _ in range(40):
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4096)
+        except OSError:  # the server closed it while we were still sending
+            pass
+        assert s.recv(64).startswith(b"HTTP/1.1 431 "), "headers past the cap are refused"
+        s.close()
         r = httpx.post(srv.url + "/v1/completions", timeout=30,
-                       json={"prompt": "translate digits to English: 7", "max_tokens": 8})
+                       content=b'{"prompt": "translate digits to English: 7", "max_tokens": 8}'
+                       + b" " * 200_000, headers={"Content-Type": "application/json"})
         assert r.status_code == 200, r.text
     finally:
         srv.kill()

@@ -60,7 +60,31 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_
             if not parent_alive(parent_pid):
                 return
             continue
-        msg = recv.recv_pyobj()
-        if isinstance(msg, BatchTokenOutput):
-            manager.handle(msg)
-        send.send_pyobj(msg)
+        for msg in _merged(_waiting(recv)):
+            if isinstance(msg, BatchTokenOutput):
+                manager.handle(msg)
+            send.send_pyobj(msg)
+
+
+def _waiting(recv, most: int = 64) -> list:
+    """The messages already queued on `recv` (at least one is), up to `most`."""
+    msgs = [recv.recv_pyobj()]
+    while len(msgs) < most:
+        try:
+            msgs.append(recv.recv_pyobj(zmq.NOBLOCK))
+        except zmq.Again:
+            break
+    return msgs
+
+
+def _merged(msgs: list) -> list:
+    """Consecutive step outputs as one batch (in order: a request's outputs stay in their
+    order, and other messages keep their place): when the scheduler runs ahead of this
+    process, the HTTP process then loads one message instead of several."""
+    out: list = []
+    for m in msgs:
+        if isinstance(m, BatchTokenOutput) and out and isinstance(out[-1], BatchTokenOutput):
+            out[-1] = BatchTokenOutput(out[-1].outputs + m.outputs)
+        else:
+            out.append(m)
+    return out

@@ -52,8 +52,12 @@ def error_body(message: str, kind: str = "invalid_request_error",
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+# one encoder for every event (json.dumps builds a new one per call when given options)
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {_to_json(obj)}\n\n"
 
 
 def sse_response(events: AsyncIterator[str]) -> StreamingResponse:

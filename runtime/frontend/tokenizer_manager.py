@@ -46,6 +46,8 @@ from seq2serve.runtime.messages.ipc import IpcNames, socket
 from seq2serve.runtime.messages.model_limits import ModelLimits
 
 logger = logging.getLogger(__name__)
+# messages the receive loop takes without yielding to the streams (bounds one turn of the loop)
+_DRAIN = 64
 
 
 class EngineDeadError(RuntimeError):
@@ -603,17 +605,34 @@ class TokenizerManager:
 
     # --- the receive loop --------------------------------------------------------------------
     async def _handle_loop(self) -> None:
+        """Hand each output to its request's queue. Every message already waiting is taken
+        before the streams run (up to `_DRAIN` of them): when the loop has fallen behind the
+        scheduler, a stream then finds several steps' tokens and sends them as one event
+        (`_next`), so the cost per token falls as the load rises instead of the backlog
+        growing; when it keeps up, each message is handed out as it comes."""
+        sock = self.recv_from_detokenizer
+        # a blocking view of the same socket: its non-blocking receive returns at once (the
+        # asyncio socket's would resolve a future on the loop's next turn, after the streams)
+        waiting = zmq.Socket.shadow(sock.underlying)
         while True:
-            msg = await self.recv_from_detokenizer.recv_pyobj()
-            if isinstance(msg, BatchTokenOutput):
-                for out in msg.outputs:
-                    s = self.states.get(out.rid)
-                    if s is not None:
-                        s.queue.put_nowait(out)
-            elif isinstance(msg, ControlReply):
-                fut = self.control_waiters.get(msg.tag)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
+            self._dispatch(await sock.recv_pyobj())
+            for _ in range(_DRAIN):
+                try:
+                    msg = waiting.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._dispatch(msg)
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, BatchTokenOutput):
+            for out in msg.outputs:
+                s = self.states.get(out.rid)
+                if s is not None:
+                    s.queue.put_nowait(out)
+        elif isinstance(msg, ControlReply):
+            fut = self.control_waiters.get(msg.tag)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
 
     def mark_dead(self, reason: str) -> None:
         """Called when a child process died: fail every waiting caller now."""
