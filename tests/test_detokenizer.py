@@ -91,3 +91,20 @@ def test_a_stop_string_before_min_new_tokens_stays_in_the_text(tok):
     shown = "".join(_stream(tok, ids, stop=["two"], min_tokens=first_two + 2))
     assert shown == full[: full.index("two", full.index("two") + 1)]
     assert shown.count("two") == 1
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_direct_decode_equals_the_tokenizers_decode(tok, skip):
+    """The detokenizer decodes lists of ints through the tokenizer's `_decode` (skipping
+    `decode`'s per-element conversion): the same text on random ids, special ones included."""
+    from seq2serve.runtime.frontend.incremental_detokenizer import _decoder
+
+    rng = random.Random(7)
+    special = list(tok.all_special_ids)
+    direct = _decoder(tok)
+    assert direct != tok.decode  # the fast path is the one under test
+    for _ in range(200):
+        ids = [rng.choice(special) if rng.random() < 0.1 else rng.randrange(len(tok))
+               for _ in range(rng.randrange(0, 12))]
+        assert direct(ids, skip_special_tokens=skip) == tok.decode(ids,
+                                                                   skip_special_tokens=skip)

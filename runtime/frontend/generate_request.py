@@ -198,14 +198,40 @@ def _per_prompt(key: str, value: Any, n: int, is_batch: bool) -> list[Any]:
 def invalid_text(value: Any, path: str = "") -> str | None:
     """Where `value` (a JSON body or a part of it) holds a string that is not valid Unicode (a
     lone UTF-16 surrogate such as "\\ud800", which JSON allows and no tokenizer takes): a
-    description naming the field, or None."""
+    description naming the field, or None. (The field's path is built only when one is found:
+    every request's body is walked.)"""
+    found = _bad_string(value)
+    if found is None:
+        return None
+    keys, text, e = found
+    where = ".".join(str(k) for k in ([path] if path else []) + keys)
+    return (f"{where or 'the body'}: invalid Unicode at character {e.start} (a lone "
+            f"surrogate {text[e.start]!a}); send UTF-8 text")
+
+
+def _bad_string(value: Any) -> tuple[list, str, UnicodeEncodeError] | None:
+    """The first string of `value` that UTF-8 cannot encode: (its keys from `value`, the
+    string, the error)."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            return (f"{path or 'the body'}: invalid Unicode at character {e.start} (a lone "
-                    f"surrogate {value[e.start]!a}); send UTF-8 text")
+            return [], value, e
         return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        if all(type(x) is int for x in value):  # token ids: the common long list
+            return None
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _bad_string(item)
+        if found is not None:
+            found[0].insert(0, key)
+            return found
+    return None
     items = value.items() if isinstance(value, dict) else enumerate(value) \
         if isinstance(value, list) else ()
     for key, item in items:

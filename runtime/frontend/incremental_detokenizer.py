@@ -13,6 +13,14 @@ from seq2serve.runtime.frontend.stop_matcher import StopMatcher
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
 
 
+def _decoder(tokenizer):
+    """`tokenizer.decode` for a list of ints. A transformers tokenizer's `decode` first
+    converts its argument element by element (`to_py_obj`, for tensors and arrays) and then
+    calls `_decode`; ids here are a list of ints already, and that conversion was a quarter of
+    the detokenizer process's time streaming 256 requests (py-spy, H200)."""
+    return getattr(tokenizer, "_decode", None) or tokenizer.decode
+
+
 class IncrementalDetokenizer:
     """Decodes a window that starts a few tokens back (`prefix_offset`) and emits what the new
     tokens add to it. Decoding a window rather than single tokens keeps the leading space a
@@ -32,7 +40,7 @@ class IncrementalDetokenizer:
         self.read_offset = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return _decoder(self.tokenizer)(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, new_ids: list[int], finished: bool = False,
             matched_stop: str | None = None) -> str:

@@ -463,13 +463,17 @@ class TokenizerManager:
         stack) instead of one event per token; a token is never held back for this."""
         out = self._take(s, s.held if s.held is not None else await s.queue.get())
         s.held = None
+        if out.finished_reason is not None or s.queue.empty():
+            return out
+        pieces = [out]
         while out.finished_reason is None and not s.queue.empty():
             nxt = s.queue.get_nowait()
             if isinstance(nxt, EngineDeadError) or nxt.error is not None:
                 s.held = nxt  # raised by the next call, after what came before it
                 break
-            out = _merged(out, self._take(s, nxt))
-        return out
+            out = self._take(s, nxt)
+            pieces.append(out)
+        return _merged(pieces) if len(pieces) > 1 else out
 
     def _take(self, s: _ReqState, out: TokenOutput | EngineDeadError) -> TokenOutput:
         if isinstance(out, EngineDeadError):
@@ -661,15 +665,21 @@ def _check_beams(sp: SamplingParams, obj: GenerateReqInput) -> None:
                              f"result is known only when it ends")
 
 
-def _merged(a: TokenOutput, b: TokenOutput) -> TokenOutput:
-    """Two consecutive outputs of one request as one: `b`'s counts and finish, both pieces'
-    tokens, text and log-probs (the first-output-only fields kept from `a`)."""
-    def joined(x, y):
-        return None if x is None and y is None else (x or []) + (y or [])
+def _merged(pieces: list[TokenOutput]) -> TokenOutput:
+    """Consecutive outputs of one request as one: the last one's counts and finish, every
+    piece's tokens, text and log-probs (the first-output-only fields kept from the piece that
+    had them). Built once for the lot: a stream behind by a dozen steps merges a dozen."""
+    def joined(name: str):
+        values = [getattr(p, name) for p in pieces]
+        if all(v is None for v in values):
+            return None
+        return [x for v in values if v for x in v]
 
+    last = pieces[-1]
     return dataclasses.replace(
-        b, new_token_ids=a.new_token_ids + b.new_token_ids, text=a.text + b.text,
-        new_logprobs=joined(a.new_logprobs, b.new_logprobs),
-        new_top_logprobs=joined(a.new_top_logprobs, b.new_top_logprobs),
-        input_logprobs=b.input_logprobs if b.input_logprobs is not None else a.input_logprobs,
-        detokenize=b.detokenize or a.detokenize)
+        last, new_token_ids=[t for p in pieces for t in p.new_token_ids],
+        text="".join(p.text for p in pieces),
+        new_logprobs=joined("new_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
+        input_logprobs=next((p.input_logprobs for p in reversed(pieces)
+                             if p.input_logprobs is not None), None),
+        detokenize=next((p.detokenize for p in reversed(pieces) if p.detokenize), None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -101,10 +102,10 @@ class TokenOutput:
         # pickled as the fields' values in order, rebuilt by one call: five times faster to
         # load than a dataclass's default (an instance dict rebuilt key by key), and the HTTP
         # process loads one per streamed token
-        return TokenOutput, tuple(getattr(self, f) for f in _TOKEN_OUTPUT_FIELDS)
+        return TokenOutput, _token_output_values(self)
 
 
-_TOKEN_OUTPUT_FIELDS = tuple(f.name for f in fields(TokenOutput))
+_token_output_values = operator.attrgetter(*(f.name for f in fields(TokenOutput)))
 
 
 @dataclass
