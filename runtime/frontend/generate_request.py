@@ -232,10 +232,3 @@ def _bad_string(value: Any) -> tuple[list, str, UnicodeEncodeError] | None:
             found[0].insert(0, key)
             return found
     return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) \
-        if isinstance(value, list) else ()
-    for key, item in items:
-        found = invalid_text(item, f"{path}.{key}" if path else str(key))
-        if found:
-            return found
-    return None
