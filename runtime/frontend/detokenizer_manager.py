@@ -3,6 +3,7 @@ forwards everything to the tokenizer manager."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import traceback
@@ -52,6 +53,8 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_
         ready_pipe.send({"status": "error", "type": type(e).__name__, "message": str(e),
                          "traceback": traceback.format_exc()})
         return
+    gc.collect()  # the tokenizer and imports: out of the collector's full passes
+    gc.freeze()
     ready_pipe.send({"status": "ready"})
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)

@@ -10,6 +10,7 @@ open streams end with an error event for a second, then the process exits non-ze
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -286,6 +287,10 @@ def run_server(args: ServerArgs) -> int:
                                 timeout_keep_alive=args.timeout_keep_alive,
                                 limit_concurrency=args.max_connections)
         server = DrainingServer(config, app.state.tm, args.shutdown_grace)
+        # what start-up made lives as long as the server: out of the collector's full passes,
+        # which otherwise walk it while streams wait (vLLM's API server does the same)
+        gc.collect()
+        gc.freeze()
         info = procs.info
         where = info["device"] if info.get("tp_size", 1) == 1 else (
             f"tp {info['tp_size']} ranks on {','.join(info['tp_devices'])}")
