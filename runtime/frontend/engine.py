@@ -121,6 +121,22 @@ class Seq2SeqEngine:
         results = self._call(_collect_all(self.tokenizer_manager, chunks))
         return results if _returns_list(obj) else results[0]
 
+    def transcribe(self, audio: Any, language: str | None = None, task: str = "transcribe",
+                   sampling_params: dict | None = None) -> dict[str, Any]:
+        """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
+        16 kHz samples; up to 30 s), as `/v1/audio/transcriptions` answers it: {"text",
+        "output_ids", "meta_info"}. `language`: a code ("de") or an English name (needed by
+        a multilingual model until language detection is built); `task`: "transcribe" or
+        "translate" (to English). By default greedy, up to the decoder's positions left
+        after the prompt; `sampling_params` overrides (num_beams, max_new_tokens, ...)."""
+        from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
+        whisper = WhisperPrompt.from_model(self.args.model_path)
+        prompt = whisper.tokens(language, task)
+        sp = {"max_new_tokens": whisper.max_target_positions - len(prompt),
+              "temperature": 0.0, **(sampling_params or {})}
+        return self.generate(audio_data=audio, decoder_input_ids=prompt, sampling_params=sp)
+
     async def async_generate(self, prompt: str | list[str] | None = None,
                              sampling_params: dict | list[dict] | None = None,
                              input_ids: list[int] | list[list[int]] | None = None,

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.audio_serving import AudioServing
 from seq2serve.runtime.frontend.body_limit import BodySizeLimit
 from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_loop_route
 from seq2serve.runtime.frontend.http_drain import DrainingServer
@@ -70,6 +71,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
     serving = OpenAIServing(tm, model_name, args.model_path)
+    audio = AudioServing(serving)  # /v1/audio/*: speech models
     # large bodies are validated in these processes, forked now (before ZMQ and the loop)
     parser = BodyParser(BodySizes(max_entries=args.max_batch_inputs,
                                   max_ids=tm.prompt_token_limit()[0]))
@@ -147,6 +149,14 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     @app.post("/v1/translations")
     async def translations(body: TranslationRequest, request: Request):
         return await serving.translations(body, request)
+
+    @app.post("/v1/audio/transcriptions")
+    async def audio_transcriptions(request: Request):
+        return await audio.handle(request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def audio_translations(request: Request):
+        return await audio.handle(request, "translate")
 
     @app.post("/v1/detect")
     async def detect(body: DetectRequest):

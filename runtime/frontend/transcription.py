@@ -25,6 +25,7 @@ class WhisperPrompt:
     is_multilingual: bool
     lang_to_id: dict[str, int]  # "<|en|>" -> id
     task_to_id: dict[str, int]  # "transcribe" -> id
+    max_target_positions: int = 448  # the decoder's positions: prompt and text together
 
     @classmethod
     def from_model(cls, model_path: str) -> WhisperPrompt:
@@ -41,6 +42,7 @@ class WhisperPrompt:
             is_multilingual=bool(gen.get("is_multilingual", bool(gen.get("lang_to_id")))),
             lang_to_id=dict(gen.get("lang_to_id") or {}),
             task_to_id=dict(gen.get("task_to_id") or {}),
+            max_target_positions=int(cfg.get("max_target_positions", 448)),
         )
 
     def tokens(self, language: str | None = None, task: str = "transcribe") -> list[int]:

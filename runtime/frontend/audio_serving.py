@@ -1,0 +1,172 @@
+"""OpenAI's `POST /v1/audio/transcriptions` and `/v1/audio/translations` for speech models
+(Whisper): a multipart form with the audio `file`, answered with its text.
+
+Form fields: `file` (required), `model`, `language` (a code such as "de" or an English name;
+a multilingual model needs one until language detection is built), `response_format` (json or
+text), `temperature` (0 by default: greedy), `stream` (OpenAI's `transcript.text.delta` and
+`transcript.text.done` events), and the extensions `num_beams` / `beam_size` (beam search) and
+`max_tokens` (default: what the decoder's positions leave after the prompt). `/translations`
+is Whisper's translate task (to English). OpenAI fields this server does not implement yet
+(`prompt`, timestamps, `srt` / `vtt` / `verbose_json`, `include[]`, `chunking_strategy`) are
+refused naming the field; other fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import PlainTextResponse, Response
+from starlette.datastructures import UploadFile
+
+from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.openai_serving import OpenAIServing, RequestError, sse_response
+from seq2serve.runtime.frontend.transcription import WhisperPrompt
+from seq2serve.runtime.frontend.translation import with_beams
+
+FORMATS = ("json", "text")
+TIMESTAMP_FORMATS = ("srt", "vtt", "verbose_json")
+# OpenAI's fields that ask for what is not built yet (issue 43): refused when given
+NOT_YET = {
+    "prompt": "previous text as context (<|startofprev|>) is not built yet",
+    "timestamp_granularities[]": "timestamps are not built yet",
+    "timestamp_granularities": "timestamps are not built yet",
+    "include[]": "token log-probs of transcriptions are not built yet",
+    "chunking_strategy": "audio longer than one 30 s window is not cut yet",
+}
+
+
+class AudioServing:
+    def __init__(self, serving: OpenAIServing) -> None:
+        self.serving = serving
+        self.tm = serving.tm
+        self._prompt: WhisperPrompt | None = None
+
+    def prompt(self) -> WhisperPrompt:
+        if getattr(self.tm, "audio_processor", None) is None:
+            raise RequestError("this model takes no audio: /v1/audio/* serves speech models "
+                               "(Whisper)", param="model")
+        if self._prompt is None:
+            self._prompt = WhisperPrompt.from_model(self.serving.model_path)
+        return self._prompt
+
+    async def handle(self, request: Request, task: str):
+        endpoint = f"/v1/audio/{'transcriptions' if task == 'transcribe' else 'translations'}"
+        form = await _form(request)
+        audio = form.get("file")
+        if not isinstance(audio, UploadFile):
+            raise RequestError("file is required: the audio file, as a multipart form field",
+                               param="file")
+        self.serving.check_model(_text(form, "model"))
+        for name, why in NOT_YET.items():
+            if form.get(name) not in (None, ""):
+                raise RequestError(f"{name} is not supported by {endpoint}: {why}",
+                                   param=name.rstrip("[]"))
+        fmt = _text(form, "response_format") or "json"
+        if fmt in TIMESTAMP_FORMATS:
+            raise RequestError(f"response_format {fmt!r} needs timestamps, which this server "
+                               f"does not produce yet; use json or text",
+                               param="response_format")
+        if fmt not in FORMATS:
+            raise RequestError(f"response_format {fmt!r} is not one of "
+                               f"{', '.join(FORMATS + TIMESTAMP_FORMATS)}",
+                               param="response_format")
+        stream = _flag(form, "stream")
+        whisper = self.prompt()
+        try:
+            decoder_ids = whisper.tokens(_text(form, "language"), task)
+        except ValueError as e:
+            raise RequestError(str(e), param="language") from None
+        data = await audio.read()
+        limit = self.tm.limits.max_audio_bytes
+        if len(data) > limit:
+            raise RequestError(f"the audio file is {len(data)} bytes, over the limit of "
+                               f"{limit} (--max-audio-bytes)", status=413, param="file")
+        room = whisper.max_target_positions - len(decoder_ids)
+        max_tokens = _number(form, "max_tokens", int)
+        if max_tokens is not None and not 0 < max_tokens <= room:
+            raise RequestError(f"max_tokens must be in [1, {room}] (the decoder's "
+                               f"{whisper.max_target_positions} positions less the prompt)",
+                               param="max_tokens")
+        sp = {"max_new_tokens": max_tokens or room,
+              "temperature": _number(form, "temperature", float) or 0.0}
+        num_beams = _number(form, "num_beams", int)
+        if num_beams is not None:
+            sp["num_beams"] = num_beams
+        try:
+            sp = with_beams(sp, _number(form, "beam_size", int), 1, stream)
+        except ValueError as e:
+            raise RequestError(str(e), param="num_beams") from None
+        obj = GenerateReqInput(audio_data=data, decoder_input_ids=decoder_ids,
+                               sampling_params=sp, stream=stream,
+                               user=_text(form, "user"))
+        if stream:
+            return await self._stream(obj)
+        [result] = await self.serving.collect(obj, request)
+        if fmt == "text":
+            return PlainTextResponse(result["text"])
+        meta = result["meta_info"]
+        return Response(json.dumps({"text": result["text"], "usage": {
+            "type": "tokens", "input_tokens": meta["prompt_tokens"],
+            "output_tokens": meta["completion_tokens"],
+            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}},
+            ensure_ascii=False), media_type="application/json")
+
+    async def _stream(self, obj: GenerateReqInput):
+        first, agen = await self.serving._first(self.tm.generate(obj))
+
+        async def events():
+            text, chunk = [], first
+            while chunk is not None:
+                if chunk["text"]:
+                    text.append(chunk["text"])
+                    yield _event({"type": "transcript.text.delta", "delta": chunk["text"]})
+                chunk = await anext(agen, None)
+            yield _event({"type": "transcript.text.done", "text": "".join(text)})
+            yield "data: [DONE]\n\n"
+
+        return sse_response(events())
+
+
+def _event(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _form(request: Request):
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise RequestError("send the audio as multipart/form-data (a `file` field and the "
+                           "options as fields)", status=415)
+    try:
+        return await request.form(max_files=1, max_fields=64)
+    except Exception as e:  # noqa: BLE001 - python-multipart's errors are many kinds
+        raise RequestError(f"the multipart form could not be read: {e}") from None
+
+
+def _text(form, name: str) -> str | None:
+    value = form.get(name)
+    if isinstance(value, UploadFile):
+        raise RequestError(f"{name} must be a text field, not a file", param=name)
+    return value if value not in (None, "") else None
+
+
+def _flag(form, name: str) -> bool:
+    value = _text(form, name)
+    if value is None:
+        return False
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise RequestError(f"{name} must be true or false, got {value!r}", param=name)
+    return value.lower() in ("true", "1")
+
+
+def _number(form, name: str, kind: type):
+    value = _text(form, name)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise RequestError(f"{name} must be a{'n integer' if kind is int else ' number'}, "
+                           f"got {value!r}", param=name) from None
+

@@ -1,0 +1,162 @@
+"""OpenAI's /v1/audio/transcriptions and /v1/audio/translations through the unmodified `openai`
+client, against HF `generate` on tiny random Whisper checkpoints (tests/whisper_checkpoints.py)
+in float32: the text of HF's tokens, greedy and with beams, json, text and streamed; bad
+requests get a 4xx naming the field."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from seq2serve.tests.server_helpers import ServerProcess
+from seq2serve.tests.whisper_checkpoints import clip, encoded, write_whisper_checkpoint
+
+pytest.importorskip("soundfile")
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper-api")
+    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5)),
+            "english": str(write_whisper_checkpoint("english", root / "e", seed=1))}
+
+
+@pytest.fixture(scope="module")
+def servers(ckpt):
+    m = ServerProcess(ckpt["multilingual"], "--max-audio-bytes", "2000000")
+    e = ServerProcess(ckpt["english"])
+    try:
+        yield {"multilingual": m, "english": e}
+    finally:
+        m.kill()
+        e.kill()
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def hf_text(path: str, samples, max_new_tokens: int | None = None, **kwargs) -> str:
+    """HF generate's text for `samples`: its tokens (HF's Whisper generate returns those after
+    the forced prompt), decoded without special tokens, as the server's detokenizer does.
+    Without `max_new_tokens`: what the decoder's positions leave after the prompt, the
+    server's default."""
+    from transformers import (
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizer,
+    )
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+    features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    prompt_len = 4 if "language" in kwargs else 2  # <|sot|> [lang task] <|notimestamps|>
+    room = model.config.max_target_positions - prompt_len
+    with torch.no_grad():
+        out = model.generate(features, max_new_tokens=max_new_tokens or room, **kwargs)[0]
+    return WhisperTokenizer.from_pretrained(path).decode(out.tolist(), skip_special_tokens=True)
+
+
+def test_transcriptions_and_translations_are_hfs_text(ckpt, servers):
+    """json and text, transcribe and translate, a multilingual and an English-only model,
+    each with the server's default length (the decoder's positions less the prompt)."""
+    wav = encoded(clip(0, rate=44_100), 44_100, "WAV")
+    from seq2serve.encoders.audio_loader import read_audio
+
+    samples = read_audio(wav)
+    m = client(servers["multilingual"])
+    got = m.audio.transcriptions.create(model=ckpt["multilingual"], file=("a.wav", wav),
+                                        language="de")
+    expected = hf_text(ckpt["multilingual"], samples, language="de", task="transcribe")
+    assert got.text == expected and expected.strip()
+    assert got.usage is not None and got.usage.output_tokens > 0
+    plain = m.audio.transcriptions.create(model=ckpt["multilingual"], file=("a.wav", wav),
+                                          language="de", response_format="text")
+    assert plain == expected
+    translated = m.audio.translations.create(model=ckpt["multilingual"],
+                                             file=("a.wav", wav),
+                                             extra_body={"language": "french"})
+    assert translated.text == hf_text(ckpt["multilingual"], samples, language="french",
+                                      task="translate")
+    flac = encoded(clip(3), 16_000, "FLAC")
+    english = client(servers["english"]).audio.transcriptions.create(
+        model=ckpt["english"], file=("b.flac", flac))
+    assert english.text == hf_text(ckpt["english"], read_audio(flac))
+
+
+def test_beams_max_tokens_and_a_stream(ckpt, servers):
+    """num_beams (an extension field) is HF's beam search; a stream's deltas add up to the
+    text of its done event, which is the unstreamed text."""
+    samples = clip(2)
+    ogg = encoded(samples, 16_000, "OGG")
+    m = client(servers["multilingual"])
+    beams = m.audio.transcriptions.create(model=ckpt["multilingual"], file=("c.ogg", ogg),
+                                          language="en",
+                                          extra_body={"num_beams": 3, "max_tokens": 12})
+    from seq2serve.encoders.audio_loader import read_audio
+
+    assert beams.text == hf_text(ckpt["multilingual"], read_audio(ogg), 12, language="en",
+                                 task="transcribe", num_beams=3)
+    greedy = m.audio.transcriptions.create(model=ckpt["multilingual"], file=("c.ogg", ogg),
+                                           language="en", extra_body={"max_tokens": 12})
+    assert greedy.text != beams.text, "this clip tells beam search from greedy"
+    whole = m.audio.transcriptions.create(model=ckpt["multilingual"], file=("c.ogg", ogg),
+                                          language="en", extra_body={"max_tokens": 20})
+    events = list(m.audio.transcriptions.create(model=ckpt["multilingual"],
+                                                file=("c.ogg", ogg), language="en",
+                                                stream=True, extra_body={"max_tokens": 20}))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    [done] = [e for e in events if e.type == "transcript.text.done"]
+    assert "".join(deltas) == done.text == whole.text and len(deltas) > 1
+
+
+@pytest.mark.parametrize("fields, files, status, named", [
+    ({"model": "m"}, None, 400, "file is required"),
+    ({"language": "de"}, {"file": ("x.wav", b"not audio at all")}, 400, "audio"),
+    ({"language": "de", "prompt": "earlier"}, "wav", 400, "prompt is not supported"),
+    ({"language": "de", "response_format": "srt"}, "wav", 400, "needs timestamps"),
+    ({"language": "de", "response_format": "xml"}, "wav", 400, "is not one of"),
+    ({}, "wav", 400, "language"),  # multilingual: no detection yet
+    ({"language": "klingon"}, "wav", 400, "is not one of this model's"),
+    ({"language": "de", "max_tokens": "999"}, "wav", 400, "max_tokens must be in"),
+    ({"language": "de", "stream": "true", "num_beams": "2"}, "wav", 400, "stream cannot"),
+    ({"language": "de", "temperature": "hot"}, "wav", 400, "temperature must be a number"),
+    ({"language": "de"}, "big", 413, "--max-audio-bytes"),
+    ({"language": "de", "model": "other"}, "wav", 404, "not found"),
+])
+def test_bad_requests_are_named(servers, fields, files, status, named):
+    if files == "wav":
+        files = {"file": ("a.wav", encoded(clip(1), 16_000, "WAV"))}
+    elif files == "big":  # over the server's --max-audio-bytes (2,000,000): 3.8 MB
+        files = {"file": ("a.wav", encoded(clip(1, rate=48_000), 48_000, "WAV", "FLOAT"))}
+    url = servers["multilingual"].url + "/v1/audio/transcriptions"
+    r = httpx.post(url, data=fields, files=files or {"unrelated": ("u.txt", b"x")}, timeout=30)
+    assert r.status_code == status, r.text
+    assert named in r.json()["error"]["message"], r.text
+    assert httpx.get(servers["multilingual"].url + "/health").status_code == 200
+
+
+def test_a_model_without_audio_and_a_body_that_is_no_form(servers):
+    """JSON instead of a form is a 415; the English-only model refuses to translate."""
+    url = servers["english"].url + "/v1/audio"
+    r = httpx.post(url + "/transcriptions", json={"file": "x"}, timeout=30)
+    assert r.status_code == 415 and "multipart/form-data" in r.json()["error"]["message"]
+    r = httpx.post(url + "/translations", timeout=30,
+                   files={"file": ("a.wav", encoded(clip(1), 16_000, "WAV"))})
+    assert r.status_code == 400 and "English-only" in r.json()["error"]["message"], r.text
+
+
+def test_the_engine_transcribes_as_the_endpoint(ckpt, servers):
+    """Seq2SeqEngine.transcribe: the endpoint's text for the same file and language."""
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+
+    flac = encoded(clip(4), 16_000, "FLAC")
+    served = client(servers["multilingual"]).audio.transcriptions.create(
+        model=ckpt["multilingual"], file=("d.flac", flac), language="de")
+    with Seq2SeqEngine(model_path=ckpt["multilingual"], device="cpu", dtype="float32") as e:
+        got = e.transcribe(flac, language="de")
+        with pytest.raises(ValueError, match="language"):
+            e.transcribe(flac)  # multilingual: no detection yet
+    assert got["text"] == served.text and got["output_ids"]
