@@ -1,4 +1,4 @@
-"""The `seq2serve` command line: serve, generate, demo-checkpoint, convert-gguf."""
+"""The `seq2serve` command line: serve, generate, transcribe, demo-checkpoint, convert-gguf."""
 
 from __future__ import annotations
 
@@ -97,6 +97,29 @@ def _cmd_convert_gguf(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_transcribe(ns: argparse.Namespace) -> int:
+    """Each audio file's text, one line per file (or one JSON object with --json)."""
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+
+    sampling = {"num_beams": ns.num_beams}
+    if ns.max_new_tokens is not None:
+        sampling["max_new_tokens"] = ns.max_new_tokens
+    if ns.model_path is None:
+        raise ValueError("--model-path is required: a Whisper checkpoint directory")
+    with Seq2SeqEngine(model_path=ns.model_path, **server_args_from(ns)) as engine:
+        for path in ns.files:
+            with open(path, "rb") as f:
+                out = engine.transcribe(f.read(), language=ns.language, task=ns.task,
+                                        sampling_params=sampling)
+            if ns.json:
+                print(json.dumps({"file": path, "text": out["text"],
+                                  "tokens": out["meta_info"]["completion_tokens"]},
+                                 ensure_ascii=False))
+            else:
+                print(out["text"].strip())
+    return 0
+
+
 def _checkpoint_summary(out) -> dict[str, str]:
     """One line per file convert-gguf wrote, read back from the files themselves."""
     import math
@@ -145,6 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--stream", action="store_true")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     g.set_defaults(fn=_cmd_generate)
+
+    t = sub.add_parser("transcribe", help="a speech model's (Whisper's) text for audio files")
+    add_server_args(t)
+    t.add_argument("files", nargs="+", help="WAV, FLAC, OGG or MP3 files, up to 30 s each")
+    t.add_argument("--language", default=None,
+                   help="a code (de) or English name (german); a multilingual model needs one")
+    t.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    t.add_argument("--num-beams", type=int, default=1)
+    t.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default: the decoder's positions left after the prompt")
+    t.add_argument("--json", action="store_true", help="print one JSON object per file")
+    t.set_defaults(fn=_cmd_transcribe)
 
     b = sub.add_parser("bench", help="benchmarks (with --baseline hf: against HF generate)")
     from seq2serve.runtime.bench.cli_bench import add_bench_parser

@@ -160,3 +160,28 @@ def test_the_engine_transcribes_as_the_endpoint(ckpt, servers):
         with pytest.raises(ValueError, match="language"):
             e.transcribe(flac)  # multilingual: no detection yet
     assert got["text"] == served.text and got["output_ids"]
+
+
+def test_the_transcribe_command(ckpt, servers, tmp_path):
+    """`seq2serve transcribe FILES`: one line of text per file, the endpoint's; a missing
+    language for a multilingual model is an error naming it, exit status 2."""
+    import json
+    import subprocess
+    import sys
+
+    files = [tmp_path / "a.wav", tmp_path / "b.mp3"]
+    files[0].write_bytes(encoded(clip(0), 16_000, "WAV"))
+    files[1].write_bytes(encoded(clip(5, rate=22_050), 22_050, "MP3"))
+    m = client(servers["multilingual"])
+    served = [m.audio.transcriptions.create(model=ckpt["multilingual"], language="de",
+                                            file=(f.name, f.read_bytes())).text for f in files]
+    cmd = [sys.executable, "-m", "seq2serve.runtime.cli", "transcribe", *map(str, files),
+           "--model-path", ckpt["multilingual"], "--device", "cpu", "--dtype", "float32"]
+    r = subprocess.run([*cmd, "--language", "de", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["text"] for x in lines] == served and [x["file"] for x in lines] == \
+        [str(f) for f in files]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "language" in r.stderr, r.stderr[-2000:]
