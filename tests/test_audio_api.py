@@ -118,7 +118,6 @@ def test_beams_max_tokens_and_a_stream(ckpt, servers):
     ({"language": "de", "prompt": "earlier"}, "wav", 400, "prompt is not supported"),
     ({"language": "de", "response_format": "srt"}, "wav", 400, "needs timestamps"),
     ({"language": "de", "response_format": "xml"}, "wav", 400, "is not one of"),
-    ({}, "wav", 400, "language"),  # multilingual: no detection yet
     ({"language": "klingon"}, "wav", 400, "is not one of this model's"),
     ({"language": "de", "max_tokens": "999"}, "wav", 400, "max_tokens must be in"),
     ({"language": "de", "stream": "true", "num_beams": "2"}, "wav", 400, "stream cannot"),
@@ -157,14 +156,14 @@ def test_the_engine_transcribes_as_the_endpoint(ckpt, servers):
         model=ckpt["multilingual"], file=("d.flac", flac), language="de")
     with Seq2SeqEngine(model_path=ckpt["multilingual"], device="cpu", dtype="float32") as e:
         got = e.transcribe(flac, language="de")
-        with pytest.raises(ValueError, match="language"):
-            e.transcribe(flac)  # multilingual: no detection yet
+        with pytest.raises(ValueError, match="is not one of this model's"):
+            e.transcribe(flac, language="klingon")
     assert got["text"] == served.text and got["output_ids"]
 
 
 def test_the_transcribe_command(ckpt, servers, tmp_path):
-    """`seq2serve transcribe FILES`: one line of text per file, the endpoint's; a missing
-    language for a multilingual model is an error naming it, exit status 2."""
+    """`seq2serve transcribe FILES`: one line of text per file, the endpoint's; a language
+    the model does not have is an error naming it, exit status 2."""
     import json
     import subprocess
     import sys
@@ -183,5 +182,54 @@ def test_the_transcribe_command(ckpt, servers, tmp_path):
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["text"] for x in lines] == served and [x["file"] for x in lines] == \
         [str(f) for f in files]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "language" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([*cmd, "--language", "klingon"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "is not one of this model's" in r.stderr, r.stderr[-2000:]
+
+
+def test_language_detection_is_hfs(ckpt, servers, tmp_path):
+    """No language for a multilingual model: the language HF's detect_language picks (named
+    in the json answer; in the engine's result with every language's log-prob), and the text
+    of HF generate given no language (it detects it the same way). The engine's part uses a
+    checkpoint whose detection differs by clip, so a fixed answer would fail."""
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    from seq2serve.encoders.audio_loader import read_audio
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+    from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
+    def hf_language(path: str, samples) -> str:
+        model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+        extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+        features = extractor(samples, sampling_rate=16_000,
+                             return_tensors="pt").input_features
+        code_of = {v: k.strip("<|>") for k, v in
+                   WhisperPrompt.from_model(path).lang_to_id.items()}
+        with torch.no_grad():
+            return code_of[model.detect_language(features)[0].item()]
+
+    def hf_detecting(path: str, samples) -> str:  # the task given: HF's prompt then has it
+        return hf_text(path, samples, max_new_tokens=60, task="transcribe")
+
+    path = ckpt["multilingual"]
+    wav = encoded(clip(0), 16_000, "WAV")
+    got = client(servers["multilingual"]).audio.transcriptions.create(model=path,
+                                                                      file=("a.wav", wav))
+    samples = read_audio(wav)
+    assert got.language == hf_language(path, samples)
+    assert got.text == hf_detecting(path, samples)
+
+    varied = str(write_whisper_checkpoint("multilingual", tmp_path / "varied", seed=2))
+    clips = [clip(0), clip(2)]
+    expected = [hf_language(varied, c) for c in clips]
+    assert len(set(expected)) == 2, "the clips should be told apart"
+    with Seq2SeqEngine(model_path=varied, device="cpu", dtype="float32") as e:
+        outs = [e.transcribe(c) for c in clips]
+        stats = e.stats()
+    # each clip encoded once: its detection's requests and its transcription share the output
+    assert stats["encoder_inputs"] == len(clips), stats
+    for out, language, c in zip(outs, expected, clips):
+        assert out["language"] == language
+        assert out["text"] == hf_detecting(varied, c)
+        scores = out["language_logprobs"]
+        assert len(scores) == 3 and max(scores.values()) == scores[language]

@@ -88,7 +88,8 @@ def test_without_a_decoder_prompt_and_streamed(ckpt, hf, engines):
                                               stream=True))
     assert [t for c in chunks for t in c["output_ids"]] == got["output_ids"]
     assert "".join(c["text"] for c in chunks) == got["text"]
-    with pytest.raises(ValueError, match=r"give decoder_input_ids: .*language detection"):
+    with pytest.raises(ValueError,
+                       match=r"give decoder_input_ids: .*names a language.*detect it"):
         engines["multilingual"].generate(audio_data=clip(3), sampling_params=GREEDY)
 
 
@@ -153,7 +154,7 @@ def test_bad_audio_and_wrong_inputs_are_named(ckpt, engines):
         engine.generate(input_ids=[1, 2], decoder_input_ids=prompt)
     with pytest.raises(ValueError, match="exactly one of"):
         engine.generate(input_ids=[1, 2], audio_data=clip(0))
-    with pytest.raises(ValueError, match="language detection is not built yet.*de, en, fr"):
+    with pytest.raises(ValueError, match="names a language: give one .of de, en, fr.*detect it"):
         WhisperPrompt.from_model(ckpt["multilingual"]).tokens(None)
     with pytest.raises(ValueError, match="English-only"):
         WhisperPrompt.from_model(ckpt["english"]).tokens("de")

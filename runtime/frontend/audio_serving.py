@@ -2,11 +2,12 @@
 (Whisper): a multipart form with the audio `file`, answered with its text.
 
 Form fields: `file` (required), `model`, `language` (a code such as "de" or an English name;
-a multilingual model needs one until language detection is built), `response_format` (json or
-text), `temperature` (0 by default: greedy), `stream` (OpenAI's `transcript.text.delta` and
-`transcript.text.done` events), and the extensions `num_beams` / `beam_size` (beam search) and
-`max_tokens` (default: what the decoder's positions leave after the prompt). `/translations`
-is Whisper's translate task (to English). OpenAI fields this server does not implement yet
+without one a multilingual model's is detected first, as HF's generate does, and the json
+answer names it), `response_format` (json or text), `temperature` (0 by default: greedy),
+`stream` (OpenAI's `transcript.text.delta` and `transcript.text.done` events), and the
+extensions `num_beams` / `beam_size` (beam search) and `max_tokens` (default: what the
+decoder's positions leave after the prompt). `/translations` is Whisper's translate task (to
+English). OpenAI fields this server does not implement yet
 (`prompt`, timestamps, `srt` / `vtt` / `verbose_json`, `include[]`, `chunking_strategy`) are
 refused naming the field; other fields are ignored, as OpenAI-compatible servers do.
 """
@@ -24,6 +25,7 @@ from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_serving import OpenAIServing, RequestError, sse_response
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
 from seq2serve.runtime.frontend.translation import with_beams
+from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
 FORMATS = ("json", "text")
 TIMESTAMP_FORMATS = ("srt", "vtt", "verbose_json")
@@ -74,15 +76,26 @@ class AudioServing:
                                param="response_format")
         stream = _flag(form, "stream")
         whisper = self.prompt()
+        language, user = _text(form, "language"), _text(form, "user")
         try:
-            decoder_ids = whisper.tokens(_text(form, "language"), task)
+            whisper.tokens(language, task)  # a bad language or task: named before the audio
         except ValueError as e:
-            raise RequestError(str(e), param="language") from None
+            if not (language is None and whisper.is_multilingual):
+                raise RequestError(str(e), param="language") from None
         data = await audio.read()
         limit = self.tm.limits.max_audio_bytes
         if len(data) > limit:
             raise RequestError(f"the audio file is {len(data)} bytes, over the limit of "
                                f"{limit} (--max-audio-bytes)", status=413, param="file")
+        detected_language = None
+        if language is None and whisper.is_multilingual:  # HF's generate detects it
+            obj, codes = detection_request(whisper, data, user)
+            language, _ = detected(await self.serving.collect(obj, request), codes)
+            detected_language = language
+        try:
+            decoder_ids = whisper.tokens(language, task)
+        except ValueError as e:
+            raise RequestError(str(e), param="language") from None
         room = whisper.max_target_positions - len(decoder_ids)
         max_tokens = _number(form, "max_tokens", int)
         if max_tokens is not None and not 0 < max_tokens <= room:
@@ -99,19 +112,20 @@ class AudioServing:
         except ValueError as e:
             raise RequestError(str(e), param="num_beams") from None
         obj = GenerateReqInput(audio_data=data, decoder_input_ids=decoder_ids,
-                               sampling_params=sp, stream=stream,
-                               user=_text(form, "user"))
+                               sampling_params=sp, stream=stream, user=user)
         if stream:
             return await self._stream(obj)
         [result] = await self.serving.collect(obj, request)
         if fmt == "text":
             return PlainTextResponse(result["text"])
         meta = result["meta_info"]
-        return Response(json.dumps({"text": result["text"], "usage": {
+        body = {"text": result["text"], "usage": {
             "type": "tokens", "input_tokens": meta["prompt_tokens"],
             "output_tokens": meta["completion_tokens"],
-            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}},
-            ensure_ascii=False), media_type="application/json")
+            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}}
+        if detected_language is not None:
+            body["language"] = detected_language
+        return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
 
     async def _stream(self, obj: GenerateReqInput):
         first, agen = await self.serving._first(self.tm.generate(obj))

@@ -39,6 +39,10 @@ class GenerateReqInput:
     # data parallelism: show meta_info.replica (the engine's caller, an admin over HTTP: the
     # replica a request went to may tell a user that another sent the same content)
     show_replica: bool = False
+    # one prompt's encoder input under several decoder prompts (internal: Whisper's language
+    # detection scores each language token): one request per list, results in this order;
+    # the input is read, tokenized and sent once, and encoded once
+    decoder_variants: list[list[int]] | None = None
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,
@@ -92,6 +96,12 @@ class GenerateReqInput:
                 raise ValueError("rid must be a string")
             if not _is_int(item["decoder_forced"]) or item["decoder_forced"] < 0:
                 raise ValueError("decoder_forced must be an integer >= 0 (or a list of them)")
+        if self.decoder_variants is not None and (
+                is_batch or not self.decoder_variants or not all(
+                    isinstance(v, list) and v and all(_is_int(t) for t in v)
+                    for v in self.decoder_variants)):
+            raise ValueError("decoder_variants must be non-empty lists of token ids, for a "
+                             "single prompt")
         if self.user is not None and not isinstance(self.user, str):
             raise ValueError("user must be a string")
         if not isinstance(self.stream, bool):

@@ -193,6 +193,14 @@ class TokenizerManager:
                     sample_sp.seed = sp.seed + i  # n samples with one seed must differ
                 reqs.append(TokenizedRequest(rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
                                              sampling_params=sample_sp, **common))
+        if obj.decoder_variants is not None:  # one input, several decoder prompts
+            [base] = reqs
+            reqs = [dataclasses.replace(base, rid=f"{base.rid}-v{i}", decoder_input_ids=list(v),
+                                        sampling_params=dataclasses.replace(base.sampling_params))
+                    for i, v in enumerate(obj.decoder_variants)]
+            for r in reqs:
+                self._check_lengths(r.encoder_input_ids, r.decoder_input_ids, r.sampling_params,
+                                    sum(p.num_tokens for p in r.encoder_inputs))
         rids = [rid for r in reqs for rid in r.result_rids]
         if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")

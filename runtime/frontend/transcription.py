@@ -4,8 +4,9 @@ from the checkpoint's generation_config.json (`lang_to_id`, `task_to_id`,
 `no_timestamps_token_id`, `is_multilingual`), as `decoder_input_ids` for generate. The prompt
 is forced, not generated: HF counts none of it in a beam's length (`decoder_forced` 0).
 
-Not built yet (issue 43): timestamps (`WhisperTimeStampLogitsProcessor`), language detection
-when no language is given, a previous-text `prompt` (`<|startofprev|>`).
+A multilingual model's prompt names a language: without one, `whisper_language.py` detects it
+first (the endpoints and `Seq2SeqEngine.transcribe` do). Not built yet (issue 43): timestamps
+(`WhisperTimeStampLogitsProcessor`), a previous-text `prompt` (`<|startofprev|>`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class WhisperPrompt:
         prompt = [self.decoder_start_token_id]
         if self.is_multilingual:
             if language is None:
-                raise ValueError("language detection is not built yet: give a language (one "
-                                 f"of {', '.join(self.language_codes())})")
+                raise ValueError("a multilingual model's prompt names a language: give one "
+                                 f"(of {', '.join(self.language_codes())}), or let "
+                                 f"Seq2SeqEngine.transcribe or /v1/audio/* detect it")
             prompt.append(self.language_id(language))
             if task not in self.task_to_id:
                 raise ValueError(f"task {task!r} is not one of "
