@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from seq2serve.tests.server_helpers import ServerProcess
-from seq2serve.tests.whisper_checkpoints import clip, encoded, write_whisper_checkpoint
+from seq2serve.tests.whisper_checkpoints import (
+    clip,
+    encoded,
+    tiny_checkpoints,
+    write_whisper_checkpoint,
+)
 
 pytest.importorskip("soundfile")
 openai = pytest.importorskip("openai")
@@ -18,9 +23,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("whisper-api")
-    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5)),
-            "english": str(write_whisper_checkpoint("english", root / "e", seed=1))}
+    return tiny_checkpoints(tmp_path_factory.mktemp("whisper-api"))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,11 @@ from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
-from seq2serve.tests.whisper_checkpoints import clip, encoded, write_whisper_checkpoint
+from seq2serve.tests.whisper_checkpoints import (
+    clip,
+    encoded,
+    tiny_checkpoints,
+)
 
 pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
@@ -26,9 +30,7 @@ GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("whisper")
-    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5)),
-            "english": str(write_whisper_checkpoint("english", root / "e", seed=1))}
+    return tiny_checkpoints(tmp_path_factory.mktemp("whisper"))
 
 
 @pytest.fixture(scope="module")

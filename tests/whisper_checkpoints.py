@@ -100,6 +100,13 @@ def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def tiny_checkpoints(root: Path) -> dict[str, str]:
+    """The two checkpoints the Whisper tests run on: a multilingual one and an English-only
+    one, by kind."""
+    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5)),
+            "english": str(write_whisper_checkpoint("english", root / "e", seed=1))}
+
+
 def clip(seed: int, seconds: float = 20.0, rate: int = 16_000) -> np.ndarray:
     """A few tones and noise: different per seed, in [-1, 1]."""
     rng = np.random.default_rng(seed)
