@@ -2,11 +2,11 @@
 # Issue 38's serving figures on a lent GPU: `seq2serve serve` of a real shape (random weights,
 # bf16), a fixed-concurrency load from client processes with the offline engine on the same
 # workload in the same run, then Poisson arrival rates. Every figure's JSON goes to $OUT.
-#   bash benchmarks/serving_vs_offline.sh [shape] [concurrency] [requests] [in] [out] [rates]
+#   bash benchmarks/serving_vs_offline.sh [shape] [concurrency] [requests] [in] [out] [rates]  ("": none)
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
-RATES=${6:-"20 40 80"} WORKERS=${WORKERS:-8} PORT=30000
+RATES=${6-"20 40 80"} WORKERS=${WORKERS:-8} PORT=30000
 OUTDIR=${OUT:-/tmp/serving_bench}; mkdir -p "$OUTDIR"
 MODEL=$(python3 -c "from seq2serve.runtime.bench.shapes import write_shape; print(write_shape('$SHAPE', '/tmp/shape-$SHAPE'))")
 S2S="python3 -m seq2serve.runtime.cli"

@@ -9,9 +9,13 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
 2. `serve <shape>`: `seq2serve serve` on each real shape with random weights in bf16, then one
    request over HTTP (completion, chat, chat with an image) that must return every token.
 3. `bench`: a short `bench one-batch` and `bench offline` on mT5-large (figures printed).
+4. `serving`: mT5-large served and loaded by `bench serving` (128 streams from 8 client
+   processes, 512 requests, 64 -> 64), the offline engine on the same workload in the same
+   run: every request answered, and the server / offline ratio printed
+   (`benchmarks/serving_vs_offline.sh`; issue 38's full figures run it at 256 streams).
 
 Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
-status is the number of failed parts. `--only tests,serve,bench` runs a subset.
+status is the number of failed parts. `--only tests,serve,bench,serving` runs a subset.
 """
 
 from __future__ import annotations
@@ -171,9 +175,23 @@ def check_bench() -> bool:
     return verdict("bench", ok, " | ".join(lines))
 
 
+def check_serving() -> bool:
+    log = LOGS / "serving.log"
+    env = {**os.environ, "OUT": str(LOGS / "serving")}
+    with open(log, "w") as f:
+        code = subprocess.call(["bash", "benchmarks/serving_vs_offline.sh", "mt5-large", "128",
+                                "512", "64", "64", ""], cwd=ROOT, env=env, stdout=f,
+                               stderr=subprocess.STDOUT)
+    text = log.read_text()
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.startswith(("requests ", "offline engine")) or "TTFT" in ln or "ITL" in ln]
+    ok = code == 0 and "512/512" in text and "server / offline" in text
+    return verdict("serving", ok, " | ".join(lines) if ok else text[-3000:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="tests,serve,bench")
+    parser.add_argument("--only", default="tests,serve,bench,serving")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -186,6 +204,8 @@ def main() -> int:
         results += [check_serve(s) for s in args.shapes.split(",")]
     if "bench" in parts:
         results.append(check_bench())
+    if "serving" in parts:
+        results.append(check_serving())
     failed = results.count(False)
     print(f"gpu check: {len(results) - failed} of {len(results)} parts passed", flush=True)
     return failed
