@@ -54,8 +54,14 @@ class AudioServing:
         return self._prompt
 
     async def handle(self, request: Request, task: str):
-        endpoint = f"/v1/audio/{'transcriptions' if task == 'transcribe' else 'translations'}"
         form = await _form(request)
+        try:  # (an uploaded file past 1 MB is spooled to a temporary file until closed)
+            return await self._answer(request, form, task)
+        finally:
+            await form.close()
+
+    async def _answer(self, request: Request, form, task: str):
+        endpoint = f"/v1/audio/{'transcriptions' if task == 'transcribe' else 'translations'}"
         audio = form.get("file")
         if not isinstance(audio, UploadFile):
             raise RequestError("file is required: the audio file, as a multipart form field",
