@@ -118,7 +118,8 @@ def test_beams_max_tokens_and_a_stream(ckpt, servers):
 @pytest.mark.parametrize("fields, files, status, named", [
     ({"model": "m"}, None, 400, "file is required"),
     ({"language": "de"}, {"file": ("x.wav", b"not audio at all")}, 400, "audio"),
-    ({"language": "de", "prompt": "earlier"}, "wav", 400, "prompt is not supported"),
+    ({"language": "de", "prompt": "said <|en|> then"}, "wav", 400, "special token '<|en|>'"),
+    ({"language": "de", "prompt": "the ant " * 40}, "wav", 400, "the prompt is too long"),
     ({"language": "de", "response_format": "srt"}, "wav", 400, "needs timestamps"),
     ({"language": "de", "response_format": "xml"}, "wav", 400, "is not one of"),
     ({"language": "klingon"}, "wav", 400, "is not one of this model's"),
@@ -236,3 +237,37 @@ def test_language_detection_is_hfs(ckpt, servers, tmp_path):
         assert out["text"] == hf_detecting(varied, c)
         scores = out["language_logprobs"]
         assert len(scores) == 3 and max(scores.values()) == scores[language]
+
+
+def test_a_prompt_is_hfs_prompt_ids(ckpt, servers):
+    """`prompt` (the text before this audio) is HF's `prompt_ids`: `<|startofprev|>` and the
+    text's tokens before the forced ones; the same text as HF generate with them, different
+    from the text without a prompt; the engine's `transcribe(prompt=...)` the same."""
+    from transformers import (
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizer,
+    )
+
+    from seq2serve.encoders.audio_loader import read_audio
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+
+    path, text = ckpt["multilingual"], "she sat in the inner tent"
+    wav = encoded(clip(2), 16_000, "WAV")
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    tokenizer = WhisperTokenizer.from_pretrained(path)
+    features = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)(
+        read_audio(wav), sampling_rate=16_000, return_tensors="pt").input_features
+    with torch.no_grad():
+        out = model.generate(features, max_new_tokens=12, language="en", task="transcribe",
+                             prompt_ids=tokenizer.get_prompt_ids(text, return_tensors="pt"))
+    expected = tokenizer.decode(out[0].tolist(), skip_special_tokens=True)
+    m = client(servers["multilingual"])
+    got = m.audio.transcriptions.create(model=path, file=("a.wav", wav), language="en",
+                                        prompt=text, extra_body={"max_tokens": 12})
+    plain = m.audio.transcriptions.create(model=path, file=("a.wav", wav), language="en",
+                                          extra_body={"max_tokens": 12})
+    assert got.text == expected and plain.text != expected
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as e:
+        assert e.transcribe(wav, language="en", prompt=text,
+                            sampling_params={"max_new_tokens": 12})["text"] == expected

@@ -7,9 +7,10 @@ answer names it), `response_format` (json or text), `temperature` (0 by default:
 `stream` (OpenAI's `transcript.text.delta` and `transcript.text.done` events), and the
 extensions `num_beams` / `beam_size` (beam search) and `max_tokens` (default: what the
 decoder's positions leave after the prompt). `/translations` is Whisper's translate task (to
-English). OpenAI fields this server does not implement yet
-(`prompt`, timestamps, `srt` / `vtt` / `verbose_json`, `include[]`, `chunking_strategy`) are
-refused naming the field; other fields are ignored, as OpenAI-compatible servers do.
+English). `prompt` is text before the audio's, as HF's `prompt_ids` (`<|startofprev|>` and its
+tokens before the forced ones). OpenAI fields this server does not implement yet (timestamps,
+`srt` / `vtt` / `verbose_json`, `include[]`, `chunking_strategy`) are refused naming the
+field; other fields are ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ FORMATS = ("json", "text")
 TIMESTAMP_FORMATS = ("srt", "vtt", "verbose_json")
 # OpenAI's fields that ask for what is not built yet (issue 43): refused when given
 NOT_YET = {
-    "prompt": "previous text as context (<|startofprev|>) is not built yet",
     "timestamp_granularities[]": "timestamps are not built yet",
     "timestamp_granularities": "timestamps are not built yet",
     "include[]": "token log-probs of transcriptions are not built yet",
@@ -102,7 +102,17 @@ class AudioServing:
             decoder_ids = whisper.tokens(language, task)
         except ValueError as e:
             raise RequestError(str(e), param="language") from None
+        previous = _text(form, "prompt")
+        if previous is not None:  # the text before this audio, as HF's prompt_ids
+            try:
+                decoder_ids = whisper.previous_ids(self.tm.tokenizer, previous) + decoder_ids
+            except ValueError as e:
+                raise RequestError(str(e), param="prompt") from None
         room = whisper.max_target_positions - len(decoder_ids)
+        if room < 1:
+            raise RequestError(f"the prompt is too long: with the forced tokens it takes "
+                               f"{len(decoder_ids)} of the decoder's "
+                               f"{whisper.max_target_positions} positions", param="prompt")
         max_tokens = _number(form, "max_tokens", int)
         if max_tokens is not None and not 0 < max_tokens <= room:
             raise RequestError(f"max_tokens must be in [1, {room}] (the decoder's "

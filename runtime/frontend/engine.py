@@ -122,14 +122,16 @@ class Seq2SeqEngine:
         return results if _returns_list(obj) else results[0]
 
     def transcribe(self, audio: Any, language: str | None = None, task: str = "transcribe",
-                   sampling_params: dict | None = None) -> dict[str, Any]:
+                   sampling_params: dict | None = None,
+                   prompt: str | None = None) -> dict[str, Any]:
         """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
         16 kHz samples; up to 30 s), as `/v1/audio/transcriptions` answers it: {"text",
         "output_ids", "meta_info"}. `language`: a code ("de") or an English name; without
         one a multilingual model's is detected first, as HF's generate does (the result then
         has "language" and every language's log-prob, "language_logprobs"); `task`:
-        "transcribe" or "translate" (to English). By default greedy, up to the decoder's
-        positions left after the prompt; `sampling_params` overrides (num_beams, ...)."""
+        "transcribe" or "translate" (to English); `prompt`: text before this audio's (HF's
+        `prompt_ids`). By default greedy, up to the decoder's positions left after the
+        prompt; `sampling_params` overrides (num_beams, ...)."""
         from seq2serve.runtime.frontend.transcription import WhisperPrompt
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -139,10 +141,12 @@ class Seq2SeqEngine:
             obj, codes = detection_request(whisper, audio)
             language, scores = detected(self._call(_collect_all(self.tokenizer_manager,
                                                                 [obj])), codes)
-        prompt = whisper.tokens(language, task)
-        sp = {"max_new_tokens": whisper.max_target_positions - len(prompt),
+        forced = whisper.tokens(language, task)
+        if prompt is not None:
+            forced = whisper.previous_ids(self.tokenizer_manager.tokenizer, prompt) + forced
+        sp = {"max_new_tokens": whisper.max_target_positions - len(forced),
               "temperature": 0.0, **(sampling_params or {})}
-        out = self.generate(audio_data=audio, decoder_input_ids=prompt, sampling_params=sp)
+        out = self.generate(audio_data=audio, decoder_input_ids=forced, sampling_params=sp)
         if scores is not None:
             out["language"], out["language_logprobs"] = language, scores
         return out

@@ -90,6 +90,7 @@ class TokenizerManager:
         self.image_pool = None
         self.audio_processor = None
         self.whisper_prompt = None  # a speech model's default decoder prompt
+        self._previous_text_token = None  # Whisper's <|startofprev|>: a prompt may begin so
         if info.get("has_audio"):
             from seq2serve.encoders.audio_features import AudioProcessor
             from seq2serve.encoders.audio_loader import AudioLimits
@@ -100,6 +101,7 @@ class TokenizerManager:
                                                   info["audio_tokens"], limits,
                                                   self.media_policy)
             self.whisper_prompt = WhisperPrompt.from_model(model_id)
+            self._previous_text_token = tokenizer.convert_tokens_to_ids("<|startofprev|>")
         if info.get("has_vision"):
             import torch
 
@@ -361,8 +363,8 @@ class TokenizerManager:
         dec = list(item["decoder_input_ids"] or [])
         if item["decoder_input_ids"] is None and self.info.get("forced_bos_token_id") is not None:
             dec, forced = [self.info["forced_bos_token_id"]], 1
-        if not dec or dec[0] != start:
-            dec = [start] + dec
+        if not dec or (dec[0] != start and dec[0] != self._previous_text_token):
+            dec = [start] + dec  # (Whisper's previous text comes before the start token)
         return ids, dec, forced
 
     def _default_whisper_prompt(self) -> list[int]:

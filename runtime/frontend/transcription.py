@@ -5,8 +5,10 @@ from the checkpoint's generation_config.json (`lang_to_id`, `task_to_id`,
 is forced, not generated: HF counts none of it in a beam's length (`decoder_forced` 0).
 
 A multilingual model's prompt names a language: without one, `whisper_language.py` detects it
-first (the endpoints and `Seq2SeqEngine.transcribe` do). Not built yet (issue 43): timestamps
-(`WhisperTimeStampLogitsProcessor`), a previous-text `prompt` (`<|startofprev|>`).
+first (the endpoints and `Seq2SeqEngine.transcribe` do). Previous text (OpenAI's `prompt`,
+HF's `prompt_ids`) goes before the forced tokens: `<|startofprev|>` and the text's tokens
+(`previous_ids`, as HF's `WhisperTokenizer.get_prompt_ids`). Not built yet (issue 43):
+timestamps (`WhisperTimeStampLogitsProcessor`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,18 @@ class WhisperPrompt:
                 raise ValueError(f"this model is English-only: it only transcribes "
                                  f"(task {task!r})")
         return prompt + [self.no_timestamps_token_id]
+
+    def previous_ids(self, tokenizer, text: str) -> list[int]:
+        """`<|startofprev|>` and `text`'s tokens, as HF's `get_prompt_ids` makes them (the text
+        stripped, one leading space); a ValueError if the text holds a special token."""
+        ids = tokenizer("<|startofprev|>", " " + text.strip(),
+                        add_special_tokens=False)["input_ids"]
+        first_special = tokenizer.all_special_ids[0]  # HF's rule: Whisper's specials end it
+        bad = next((t for t in ids[1:] if t >= first_special), None)
+        if bad is not None:
+            raise ValueError(f"the prompt holds the special token "
+                             f"{tokenizer.convert_ids_to_tokens(bad)!r}")
+        return ids
 
     def language_codes(self) -> list[str]:
         return sorted(code.strip("<|>") for code in self.lang_to_id)
