@@ -16,14 +16,18 @@ field; other fields are ignored, as OpenAI-compatible servers do.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
-from seq2serve.runtime.frontend.openai_serving import OpenAIServing, RequestError, sse_response
+from seq2serve.runtime.frontend.openai_serving import (
+    OpenAIServing,
+    RequestError,
+    _sse,
+    sse_response,
+)
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
 from seq2serve.runtime.frontend.translation import with_beams
 from seq2serve.runtime.frontend.whisper_language import detected, detection_request
@@ -43,15 +47,13 @@ class AudioServing:
     def __init__(self, serving: OpenAIServing) -> None:
         self.serving = serving
         self.tm = serving.tm
-        self._prompt: WhisperPrompt | None = None
 
     def prompt(self) -> WhisperPrompt:
-        if getattr(self.tm, "audio_processor", None) is None:
+        """The model's forced-prompt settings (read once by the tokenizer manager)."""
+        if self.tm.whisper_prompt is None:
             raise RequestError("this model takes no audio: /v1/audio/* serves speech models "
                                "(Whisper)", param="model")
-        if self._prompt is None:
-            self._prompt = WhisperPrompt.from_model(self.serving.model_path)
-        return self._prompt
+        return self.tm.whisper_prompt
 
     async def handle(self, request: Request, task: str):
         form = await _form(request)
@@ -151,16 +153,12 @@ class AudioServing:
             while chunk is not None:
                 if chunk["text"]:
                     text.append(chunk["text"])
-                    yield _event({"type": "transcript.text.delta", "delta": chunk["text"]})
+                    yield _sse({"type": "transcript.text.delta", "delta": chunk["text"]})
                 chunk = await anext(agen, None)
-            yield _event({"type": "transcript.text.done", "text": "".join(text)})
+            yield _sse({"type": "transcript.text.done", "text": "".join(text)})
             yield "data: [DONE]\n\n"
 
         return sse_response(events())
-
-
-def _event(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 async def _form(request: Request):

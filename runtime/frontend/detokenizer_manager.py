@@ -87,7 +87,7 @@ def _merged(msgs: list) -> list:
     out: list = []
     for m in msgs:
         if isinstance(m, BatchTokenOutput) and out and isinstance(out[-1], BatchTokenOutput):
-            out[-1] = BatchTokenOutput(out[-1].outputs + m.outputs)
+            out[-1].outputs.extend(m.outputs)  # (the messages are this process's own copies)
         else:
             out.append(m)
     return out

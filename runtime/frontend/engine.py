@@ -132,10 +132,12 @@ class Seq2SeqEngine:
         "transcribe" or "translate" (to English); `prompt`: text before this audio's (HF's
         `prompt_ids`). By default greedy, up to the decoder's positions left after the
         prompt; `sampling_params` overrides (num_beams, ...)."""
-        from seq2serve.runtime.frontend.transcription import WhisperPrompt
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
-        whisper = WhisperPrompt.from_model(self.args.model_path)
+        whisper = self.tokenizer_manager.whisper_prompt
+        if whisper is None:
+            raise ValueError("this model takes no audio: transcribe serves speech models "
+                             "(Whisper)")
         scores = None
         if language is None and whisper.is_multilingual:
             obj, codes = detection_request(whisper, audio)
