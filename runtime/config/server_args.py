@@ -85,6 +85,7 @@ class ServerArgs:
     max_document_chars: int = 100_000  # longest document to translate, in characters
     # connections (HTTP server)
     max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
+    api_server_count: int = 1  # HTTP processes sharing the port (the HTTP work spread over cores)
     header_timeout: float = 10.0  # seconds a client has to send a request's headers
     timeout_keep_alive: int = 5  # seconds an idle keep-alive connection stays open
     shutdown_grace: float = 30.0  # on SIGTERM: seconds running requests get to finish (503 to new)
@@ -126,7 +127,7 @@ class ServerArgs:
                      "max_images_per_request", "max_image_pixels", "max_request_bytes",
                      "max_audio_bytes",
                      "max_n", "max_batch_inputs", "max_stop_chars", "max_document_chars",
-                     "max_connections",
+                     "max_connections", "api_server_count",
                      "timeout_keep_alive")
         for name in _positive:
             value = getattr(self, name)

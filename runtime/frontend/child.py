@@ -1,4 +1,4 @@
-"""Entry point of a child process: `python -m seq2serve.runtime.frontend.child scheduler|detokenizer`.
+"""Entry point of a child process: `python -m seq2serve.runtime.frontend.child scheduler|detokenizer|api`.
 The parent writes the pickled settings to our stdin; we report readiness on the fd it names."""
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ def main() -> None:
         from seq2serve.runtime.scheduler.scheduler_process import run_scheduler_process as run
     elif kind == "detokenizer":
         from seq2serve.runtime.frontend.detokenizer_manager import run_detokenizer_process as run
+    elif kind == "api":
+        from seq2serve.runtime.frontend.api_servers import run_api_server_process as run
     else:
         raise SystemExit(f"unknown child kind {kind!r}")
-    run(cfg["args"], cfg["ipc"], pipe, cfg["parent_pid"])
+    run(cfg["args"], cfg["ipc"], pipe, cfg["parent_pid"], **cfg.get("extra", {}))
 
 
 if __name__ == "__main__":

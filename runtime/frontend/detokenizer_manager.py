@@ -1,5 +1,6 @@
 """The detokenizer's process: turns token ids from the scheduler into text, incrementally, and
-forwards everything to the tokenizer manager."""
+forwards everything to the tokenizer manager (with several HTTP processes, each output and
+control reply to the process whose request it is: `request_ids.server_of`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ import zmq
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.incremental_detokenizer import IncrementalDetokenizer
-from seq2serve.runtime.messages.io_struct import BatchTokenOutput, DetokenizeSettings
+from seq2serve.runtime.frontend.request_ids import server_of
+from seq2serve.runtime.messages.io_struct import (
+    BatchTokenOutput,
+    ControlReply,
+    DetokenizeSettings,
+)
 from seq2serve.runtime.messages.ipc import IpcNames, parent_alive, socket
 
 logger = logging.getLogger(__name__)
@@ -48,7 +54,7 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_
         manager = DetokenizerManager(load_tokenizer(args.tokenizer_path or args.model_path))
         ctx = zmq.Context()
         recv = socket(ctx, zmq.PULL, ipc.detokenizer_input, bind=True)
-        send = socket(ctx, zmq.PUSH, ipc.tokenizer_input, bind=False)
+        sends = [socket(ctx, zmq.PUSH, e, bind=False) for e in ipc.tokenizer_inputs]
     except Exception as e:  # noqa: BLE001 - reported to the parent
         ready_pipe.send({"status": "error", "type": type(e).__name__, "message": str(e),
                          "traceback": traceback.format_exc()})
@@ -66,7 +72,11 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_
         for msg in _merged(_waiting(recv)):
             if isinstance(msg, BatchTokenOutput):
                 manager.handle(msg)
-            send.send_pyobj(msg)
+            if len(sends) == 1:
+                sends[0].send_pyobj(msg)
+                continue
+            for server, part in _routed(msg):
+                sends[server].send_pyobj(part)
 
 
 def _waiting(recv, most: int = 64) -> list:
@@ -78,6 +88,17 @@ def _waiting(recv, most: int = 64) -> list:
         except zmq.Again:
             break
     return msgs
+
+
+def _routed(msg) -> list[tuple[int, object]]:
+    """(HTTP process, message) pairs: a batch split by its outputs' processes (in order), a
+    control reply to the process that asked."""
+    if isinstance(msg, ControlReply):
+        return [(server_of(msg.tag), msg)]
+    parts: dict[int, list] = {}
+    for out in msg.outputs:
+        parts.setdefault(server_of(out.rid), []).append(out)
+    return [(server, BatchTokenOutput(outs)) for server, outs in parts.items()]
 
 
 def _merged(msgs: list) -> list:

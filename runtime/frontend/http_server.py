@@ -4,7 +4,9 @@ Lifecycle: `run_server` starts the scheduler and detokenizer processes, then ser
 SIGTERM drains: new requests and /health get 503 while running requests finish (at most
 `--shutdown-grace` seconds; a second signal stops at once); then uvicorn stops, then the
 children, and the process exits 0. If a child dies, the server logs it, /health answers 503 and
-open streams end with an error event for a second, then the process exits non-zero.
+open streams end with an error event for a second, then the process exits non-zero. With
+`--api-server-count N` (N > 1) this process supervises N HTTP processes on the same port
+instead of serving itself (`api_servers.py`).
 """
 
 from __future__ import annotations
@@ -60,13 +62,17 @@ _WATCH_INTERVAL_S = 0.5
 _DEAD_GRACE_S = 1.0
 
 
-def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -> FastAPI:
+def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None,
+               server: int | None = None) -> FastAPI:
+    """The app of one HTTP process (`server`: its index when there are several; `procs` is
+    then their view of the runtime's processes, `api_servers.RuntimeView`)."""
     tokenizer = load_tokenizer(args.tokenizer_path or args.model_path)
     policy = MediaPolicy(allow_local_paths=False, local_media_dir=args.allowed_local_media_path,
                          allow_remote=args.allow_remote_media, max_pixels=args.max_image_pixels)
     tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
                           media_policy=policy, limits=args.request_limits(),
-                          isolation=args.isolation())
+                          isolation=args.isolation(), server=server,
+                          servers=args.api_server_count)
     metrics = ServerMetrics(replicas=len(procs.schedulers))
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
@@ -216,8 +222,9 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None) -
     @app.get("/debug/stats")
     async def stats():
         """The scheduler's counters (summed over replicas, each replica's under "replicas"),
-        and where the replicas run ("layout")."""
-        return {**(await tm.control("stats")).payload, "layout": procs.layout()}
+        where the replicas run ("layout"), and which HTTP process answered ("http_server")."""
+        return {**(await tm.control("stats")).payload, "layout": procs.layout(),
+                "http_server": {"index": server or 0, "count": args.api_server_count}}
 
     return app
 
@@ -273,47 +280,75 @@ def _describe(exc: RequestValidationError) -> str:
 
 def run_server(args: ServerArgs) -> int:
     """Serve until Ctrl-C / SIGTERM (exit code 0) or until a child process dies (1)."""
-    import uvicorn
-
     procs = launch_processes(args)
+    try:
+        if args.api_server_count > 1:
+            from seq2serve.runtime.frontend.api_servers import run_api_servers
+
+            return run_api_servers(args, procs)
+        return serve_http(args, procs, print_line=True)
+    finally:
+        procs.shutdown()
+
+
+def serve_http(args: ServerArgs, procs, server: int | None = None, sockets=None,
+               print_line: bool = False, on_ready=None) -> int:
+    """Run one HTTP process's uvicorn until it stops: 0 after a signal, 1 when a child died
+    or the port could not be bound. `sockets`: listening sockets already bound (several
+    HTTP processes share the port); None: uvicorn binds `--host`/`--port`. `on_ready`:
+    called once the app is made, before it serves."""
     exit_code = 0
-    server = None
+    uv = None
 
     def on_child_death(reason: str) -> None:
         nonlocal exit_code
         exit_code = 1
-        server.should_exit = True
+        uv.should_exit = True
 
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with
     # these (no-op) handlers in place that ends in a normal return and exit code 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    try:
-        app = create_app(args, procs, on_child_death)
-        config = uvicorn.Config(BodySizeLimit(app, args.max_request_bytes), host=args.host,
-                                port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=5,
-                                http=header_deadline_protocol(args.header_timeout),
-                                timeout_keep_alive=args.timeout_keep_alive,
-                                limit_concurrency=args.max_connections)
-        server = DrainingServer(config, app.state.tm, args.shutdown_grace)
-        # what start-up made lives as long as the server: out of the collector's full passes,
-        # which otherwise walk it while streams wait (vLLM's API server does the same)
-        gc.collect()
-        gc.freeze()
-        info = procs.info
-        where = info["device"] if info.get("tp_size", 1) == 1 else (
-            f"tp {info['tp_size']} ranks on {','.join(info['tp_devices'])}")
-        print(f"seq2serve: serving {args.model_path} ({info['architecture']}, {where} "
-              f"{info['dtype']}, attention {info['attention_backend']}; KV pool "
-              f"{info['kv_capacity_tokens']} tokens, cross-KV pool "
-              f"{info['cross_capacity_tokens']} tokens) on http://{args.host}:{args.port}"
-              + (f"; {procs.describe_layout()}" if len(procs.schedulers) > 1 else ""),
-              file=sys.stderr, flush=True)
-        server.run()
-        if not server.started and exit_code == 0:
-            exit_code = 1  # could not bind the port, say
-    finally:
-        procs.shutdown()
+    app = create_app(args, procs, on_child_death, server)
+    uv = _uvicorn_server(args, app)
+    # what start-up made lives as long as the server: out of the collector's full passes,
+    # which otherwise walk it while streams wait (vLLM's API server does the same)
+    gc.collect()
+    gc.freeze()
+    if print_line:
+        print(startup_line(args, procs.info, procs.describe_layout()), file=sys.stderr,
+              flush=True)
+    if on_ready is not None:
+        on_ready()
+    uv.run(sockets=sockets)
+    if not uv.started and exit_code == 0:
+        exit_code = 1  # could not bind the port, say
     return exit_code
 
+
+def _uvicorn_server(args: ServerArgs, app: FastAPI) -> DrainingServer:
+    import uvicorn
+
+    config = uvicorn.Config(BodySizeLimit(app, args.max_request_bytes), host=args.host,
+                            port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=5,
+                            http=header_deadline_protocol(args.header_timeout),
+                            timeout_keep_alive=args.timeout_keep_alive,
+                            # the connections are shared out among the HTTP processes
+                            limit_concurrency=-(-args.max_connections
+                                                // args.api_server_count))
+    return DrainingServer(config, app.state.tm, args.shutdown_grace)
+
+
+def startup_line(args: ServerArgs, info: dict, layout: str, servers: int = 1) -> str:
+    """What the server prints once it serves."""
+    where = info["device"] if info.get("tp_size", 1) == 1 else (
+        f"tp {info['tp_size']} ranks on {','.join(info['tp_devices'])}")
+    extra = [layout] if layout else []
+    if servers > 1:
+        extra.append(f"{servers} HTTP processes")
+    return (f"seq2serve: serving {args.model_path} ({info['architecture']}, {where} "
+            f"{info['dtype']}, attention {info['attention_backend']}; KV pool "
+            f"{info['kv_capacity_tokens']} tokens, cross-KV pool "
+            f"{info['cross_capacity_tokens']} tokens) on http://{args.host}:{args.port}"
+            + "".join(f"; {e}" for e in extra))

@@ -93,7 +93,7 @@ class RuntimeProcesses:
         return f"{len(self.schedulers)} data-parallel replicas ({where})"
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        _stop(self.children, timeout)
+        stop_children(self.children, timeout)
         self.ipc.cleanup()
 
 
@@ -102,17 +102,17 @@ def launch_processes(args: ServerArgs) -> RuntimeProcesses:
     wait until they are ready. A child's start-up error (say, a model directory without
     weights) is raised here with its message (ValueError stays one)."""
     placements = plan_replicas(args)
-    ipc = IpcNames.new(len(placements))
+    ipc = IpcNames.new(len(placements), args.api_server_count)
     several = len(placements) > 1
     started: list[tuple[ChildProcess, int]] = []
     try:
         for p in placements:
-            started.append(_start("scheduler", p.args, ipc.for_replica(p.index), p.env,
+            started.append(start_child("scheduler", p.args, ipc.for_replica(p.index), p.env,
                                   p.index if several else None))
-        started.append(_start("detokenizer", args, ipc))
-        reports = [_wait_ready(child, fd).get("info", {}) for child, fd in started]
+        started.append(start_child("detokenizer", args, ipc))
+        reports = [wait_ready(child, fd).get("info", {}) for child, fd in started]
     except BaseException:
-        _stop([c for c, _ in started], timeout=2.0)
+        stop_children([c for c, _ in started], timeout=2.0)
         ipc.cleanup()
         raise
     finally:
@@ -134,36 +134,45 @@ def _combined(replicas: list[dict[str, Any]]) -> dict[str, Any]:
     return info
 
 
-def _start(name: str, args: ServerArgs, ipc: IpcNames, env: dict[str, str] | None = None,
-           replica: int | None = None) -> tuple[ChildProcess, int]:
+def start_child(name: str, args: ServerArgs, ipc: IpcNames, env: dict[str, str] | None = None,
+                replica: int | None = None, extra: dict[str, Any] | None = None,
+                pass_fds: tuple[int, ...] = (),
+                new_session: bool = False) -> tuple[ChildProcess, int]:
+    """Start child `name` (child.py's kinds); returns it and the fd its ready report comes
+    on (`wait_ready`). `extra`: more keyword arguments of its run function; `pass_fds`: more
+    fds it inherits; `new_session`: out of the terminal's process group (its Ctrl-C)."""
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, "-m", "seq2serve.runtime.frontend.child", name],
-        stdin=subprocess.PIPE, pass_fds=(write_fd,),
-        env={**os.environ, **env} if env else None,
+        stdin=subprocess.PIPE, pass_fds=(write_fd, *pass_fds),
+        env={**os.environ, **env} if env else None, start_new_session=new_session,
     )
     os.close(write_fd)
     proc.stdin.write(pickle.dumps({"args": args, "ipc": ipc, "ready_fd": write_fd,
-                                   "parent_pid": os.getpid()}))
+                                   "parent_pid": os.getpid(), "extra": extra or {}}))
     proc.stdin.close()
     return ChildProcess(name, proc, replica), read_fd
 
 
-def _wait_ready(child: ChildProcess, fd: int) -> dict[str, Any]:
+def wait_ready(child: ChildProcess, fd: int) -> dict[str, Any]:
+    """The child's ready report (a start-up error raised with its message). The report is
+    whole once it unpickles: the pipe may stay open after it (an HTTP process's forked
+    body-parsing workers hold its end)."""
     data = b""
-    while True:
+    msg = None
+    while msg is None:
         ready, _, _ = select.select([fd], [], [], 0.2)
         if ready:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
             data += chunk
+            msg = _whole(data)
         elif not child.is_alive():
             break
-    if not data:
+    if msg is None:
         raise RuntimeError(f"{child.label} exited during start-up "
                            f"(exit code {child.exitcode})")
-    msg = pickle.loads(data)
     if msg["status"] != "ready":
         logger.debug("%s start-up failed:\n%s", child.label, msg.get("traceback", ""))
         exc = ValueError if msg.get("type") == "ValueError" else RuntimeError
@@ -171,7 +180,14 @@ def _wait_ready(child: ChildProcess, fd: int) -> dict[str, Any]:
     return msg
 
 
-def _stop(children: list[ChildProcess], timeout: float) -> None:
+def _whole(data: bytes) -> dict[str, Any] | None:
+    try:
+        return pickle.loads(data)
+    except (EOFError, pickle.UnpicklingError):
+        return None
+
+
+def stop_children(children: list[ChildProcess], timeout: float) -> None:
     for c in children:
         if c.is_alive():
             c.proc.terminate()

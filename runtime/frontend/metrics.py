@@ -1,8 +1,22 @@
-"""Prometheus metrics of one server (its own registry, so several can live in one process)."""
+"""Prometheus metrics of one server (its own registry, so several can live in one process).
+
+With several HTTP processes (`--api-server-count`) the main process sets
+PROMETHEUS_MULTIPROC_DIR for them: prometheus_client then keeps every process's values in
+files there, and `render` adds up the counters and histograms of all of them; the gauges
+(the scheduler's figures, set from its stats when /metrics is asked) are the latest set.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import functools
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import Gauge as _Gauge
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# several processes: a gauge's value is the one set last, by whichever process asked
+Gauge = functools.partial(_Gauge, multiprocess_mode="mostrecent")
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -144,4 +158,8 @@ class ServerMetrics:
             self.outstanding.labels(str(i)).set(router["outstanding_requests"][i])
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # every HTTP process's, added up
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)

@@ -11,13 +11,25 @@ the key (`-0`, a sample's) is a suffix of the rid.
 from __future__ import annotations
 
 
-def scoped_rid(user: str | None, rid: str) -> str:
-    """The runtime's key of `rid` sent by `user`."""
+def scoped_rid(user: str | None, rid: str, server: int | None = None) -> str:
+    """The runtime's key of `rid` sent by `user` (to HTTP process `server`, of several)."""
     user = user or ""
-    return f"{len(user)}:{user}:{rid}"
+    key = f"{len(user)}:{user}:{rid}"
+    return key if server is None else f"{server}/{key}"
 
 
 def client_rid(scoped: str) -> str:
     """The rid the client named (or was given), from the runtime's key."""
     length, rest = scoped.split(":", 1)
-    return rest[int(length) + 1:]
+    return rest[int(length.rpartition("/")[2]) + 1:]
+
+
+def server_tag(tag: str, server: int | None) -> str:
+    """A control request's tag as HTTP process `server` (of several) sends it."""
+    return tag if server is None else f"{server}/{tag}"
+
+
+def server_of(key: str) -> int:
+    """The HTTP process a request key or control tag belongs to (0 without a prefix)."""
+    head, sep, _ = key.partition("/")
+    return int(head) if sep and head.isdigit() else 0

@@ -32,7 +32,7 @@ from seq2serve.runtime.frontend.generate_request import (
 from seq2serve.runtime.frontend.languages import TranslationLanguages
 from seq2serve.runtime.frontend.prompts import role_markers
 from seq2serve.runtime.frontend.replica_replies import merge_replies
-from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid
+from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid, server_tag
 from seq2serve.runtime.frontend.scheduler_link import SchedulerLink
 from seq2serve.runtime.memory.host_memory import release_freed_memory
 from seq2serve.runtime.messages.io_struct import (
@@ -77,8 +77,12 @@ class TokenizerManager:
     def __init__(self, ipc: IpcNames, tokenizer, info: dict[str, Any], model_id: str,
                  media_policy: MediaPolicy | None = None,
                  limits: RequestLimits | None = None,
-                 isolation: CacheIsolation | None = None) -> None:
+                 isolation: CacheIsolation | None = None,
+                 server: int | None = None, servers: int = 1) -> None:
         self.ipc = ipc
+        # with several HTTP processes: this one's index, which prefixes its request keys and
+        # control tags so that the detokenizer sends their outputs here (request_ids.py)
+        self.server, self.servers = server, servers
         self.tokenizer = tokenizer
         self.info = info
         self.model_id = model_id
@@ -175,7 +179,7 @@ class TokenizerManager:
             if k is not None and k > len(dec):
                 raise ValueError(f"logprob_start_len {k} is past the decoder input's "
                                  f"{len(dec)} tokens")
-            base_rid = scoped_rid(obj.user, item["rid"] or uuid.uuid4().hex)
+            base_rid = scoped_rid(obj.user, item["rid"] or uuid.uuid4().hex, self.server)
             common = dict(encoder_input_ids=enc, decoder_input_ids=dec, stream=obj.stream,
                           return_logprob=obj.return_logprob,
                           top_logprobs_num=obj.top_logprobs_num, logprob_start_len=k,
@@ -581,9 +585,15 @@ class TokenizerManager:
         return meta
 
     async def abort(self, rid: str, user: str | None = None) -> None:
-        """Abort `user`'s request `rid` (nothing happens when that user has none)."""
+        """Abort `user`'s request `rid` (nothing happens when that user has none). With
+        several HTTP processes the request may run in another one: the abort goes to each
+        process's key of it (the scheduler ignores keys it does not hold)."""
         await self.start()
-        self.link.abort(scoped_rid(user, rid))
+        if self.server is None:
+            self.link.abort(scoped_rid(user, rid))
+            return
+        for server in range(self.servers):
+            self.link.abort(scoped_rid(user, rid, server))
 
     async def control(self, kind: str, timeout: float = 60.0) -> ControlReply:
         """Ask the scheduler; with data parallelism every replica, their replies merged (with
@@ -600,7 +610,7 @@ class TokenizerManager:
         return merged
 
     async def _control_one(self, kind: str, replica: int, timeout: float) -> ControlReply:
-        tag = uuid.uuid4().hex
+        tag = server_tag(uuid.uuid4().hex, self.server)
         fut = asyncio.get_running_loop().create_future()
         self.control_waiters[tag] = fut
         self.link.control(replica, ControlRequest(kind, tag))

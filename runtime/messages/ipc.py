@@ -16,14 +16,27 @@ class IpcNames:
     # tokenizer manager -> each data-parallel replica's scheduler (one without --dp-size)
     scheduler_inputs: tuple[str, ...]
     detokenizer_input: str  # every scheduler -> detokenizer
-    tokenizer_input: str  # detokenizer -> tokenizer manager
+    # detokenizer -> each HTTP process's tokenizer manager (one without --api-server-count)
+    tokenizer_inputs: tuple[str, ...]
 
     @classmethod
-    def new(cls, dp_size: int = 1) -> IpcNames:
+    def new(cls, dp_size: int = 1, api_servers: int = 1) -> IpcNames:
         base = os.path.join(tempfile.gettempdir(), f"seq2serve-{uuid.uuid4().hex[:12]}")
         inputs = ((f"ipc://{base}-sched",) if dp_size == 1
                   else tuple(f"ipc://{base}-sched{i}" for i in range(dp_size)))
-        return cls(inputs, f"ipc://{base}-detok", f"ipc://{base}-tok")
+        outputs = ((f"ipc://{base}-tok",) if api_servers == 1
+                   else tuple(f"ipc://{base}-tok{i}" for i in range(api_servers)))
+        return cls(inputs, f"ipc://{base}-detok", outputs)
+
+    @property
+    def tokenizer_input(self) -> str:
+        """The input of the one tokenizer manager these names are for."""
+        assert len(self.tokenizer_inputs) == 1, "names of several HTTP processes: pick one"
+        return self.tokenizer_inputs[0]
+
+    def for_api_server(self, i: int) -> IpcNames:
+        """The names as HTTP process i's tokenizer manager sees them: its own input."""
+        return dataclasses.replace(self, tokenizer_inputs=(self.tokenizer_inputs[i],))
 
     @property
     def scheduler_input(self) -> str:
@@ -36,7 +49,7 @@ class IpcNames:
         return dataclasses.replace(self, scheduler_inputs=(self.scheduler_inputs[i],))
 
     def cleanup(self) -> None:
-        for name in (*self.scheduler_inputs, self.detokenizer_input, self.tokenizer_input):
+        for name in (*self.scheduler_inputs, self.detokenizer_input, *self.tokenizer_inputs):
             try:
                 os.unlink(name.removeprefix("ipc://"))
             except OSError:
