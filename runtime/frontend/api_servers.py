@@ -2,7 +2,7 @@
 (parsing, tokenizing, SSE) spread over N cores in front of the same schedulers.
 
 The main process starts the schedulers and the detokenizer as with one HTTP process, then N
-HTTP processes (`python -m ...child api`), each a whole FastAPI app with its own tokenizer
+HTTP processes (`python -m ...child api`: `http_server.run_api_server_process`), each a whole FastAPI app with its own tokenizer
 manager, and supervises them; it serves nothing itself. Each HTTP process binds the port with
 SO_REUSEPORT, so the kernel shares new connections out among them. Request keys and control
 tags carry their process's index (`request_ids.py`) and the detokenizer sends each output to
@@ -49,11 +49,10 @@ _POLL_S = 0.2
 _STOP_S = 10.0  # after a runtime child died: how long the HTTP processes get to wind down
 
 
-def run_api_servers(args: ServerArgs, procs: RuntimeProcesses) -> int:
+def run_api_servers(args: ServerArgs, procs: RuntimeProcesses, startup_line: str) -> int:
     """Start `args.api_server_count` HTTP processes over `procs` and supervise them until
-    they stop (0 after a signal, 1 when any process died or one could not start)."""
-    from seq2serve.runtime.frontend.http_server import startup_line
-
+    they stop (0 after a signal, 1 when any process died or one could not start); print
+    `startup_line` once they all serve. Each runs `http_server.run_api_server_process`."""
     n = args.api_server_count
     metrics_dir = tempfile.mkdtemp(prefix="seq2serve-metrics-")
     servers: list[ChildProcess] = []
@@ -81,8 +80,7 @@ def run_api_servers(args: ServerArgs, procs: RuntimeProcesses) -> int:
         finally:
             for _, fd in started:
                 os.close(fd)
-        print(startup_line(args, procs.info, procs.describe_layout(), n), file=sys.stderr,
-              flush=True)
+        print(startup_line, file=sys.stderr, flush=True)
         return _supervise(procs, servers, deaths, signals)
     finally:
         stop_children(servers, timeout=_STOP_S)
@@ -163,25 +161,7 @@ class RuntimeView:
         return None
 
 
-def run_api_server_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pid: int,
-                           server: int, info: dict[str, Any], layout: dict[str, Any],
-                           describe_layout: str, death_fd: int) -> None:
-    """One HTTP process of several: bind the shared port, report ready, serve."""
-    from seq2serve.runtime.frontend.http_server import serve_http
-
-    try:
-        os.set_blocking(death_fd, False)
-        sock = _shared_port(args.host, args.port)
-    except Exception as e:  # noqa: BLE001 - reported to the main process
-        ready_pipe.send({"status": "error", "type": type(e).__name__,
-                         "message": f"HTTP server {server}: {e}"})
-        return
-    view = RuntimeView(ipc, info, layout, describe_layout, death_fd, parent_pid)
-    sys.exit(serve_http(args, view, server=server, sockets=[sock],
-                        on_ready=lambda: ready_pipe.send({"status": "ready"})))
-
-
-def _shared_port(host: str, port: int) -> socket.socket:
+def shared_port(host: str, port: int) -> socket.socket:
     """A listening socket on host:port that the other HTTP processes bind too."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -28,7 +28,7 @@ def main() -> None:
     elif kind == "detokenizer":
         from seq2serve.runtime.frontend.detokenizer_manager import run_detokenizer_process as run
     elif kind == "api":
-        from seq2serve.runtime.frontend.api_servers import run_api_server_process as run
+        from seq2serve.runtime.frontend.http_server import run_api_server_process as run
     else:
         raise SystemExit(f"unknown child kind {kind!r}")
     run(cfg["args"], cfg["ipc"], pipe, cfg["parent_pid"], **cfg.get("extra", {}))

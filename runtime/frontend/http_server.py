@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.frontend.api_servers import RuntimeView, run_api_servers, shared_port
 from seq2serve.runtime.frontend.audio_serving import AudioServing
 from seq2serve.runtime.frontend.body_limit import BodySizeLimit
 from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_loop_route
@@ -53,6 +55,7 @@ from seq2serve.runtime.frontend.openai_serving import (
     json_error,
 )
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
+from seq2serve.runtime.messages.ipc import IpcNames
 
 logger = logging.getLogger(__name__)
 
@@ -283,9 +286,9 @@ def run_server(args: ServerArgs) -> int:
     procs = launch_processes(args)
     try:
         if args.api_server_count > 1:
-            from seq2serve.runtime.frontend.api_servers import run_api_servers
-
-            return run_api_servers(args, procs)
+            line = startup_line(args, procs.info, procs.describe_layout(),
+                                args.api_server_count)
+            return run_api_servers(args, procs, line)
         return serve_http(args, procs, print_line=True)
     finally:
         procs.shutdown()
@@ -324,6 +327,22 @@ def serve_http(args: ServerArgs, procs, server: int | None = None, sockets=None,
     if not uv.started and exit_code == 0:
         exit_code = 1  # could not bind the port, say
     return exit_code
+
+
+def run_api_server_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pid: int,
+                           server: int, info: dict[str, Any], layout: dict[str, Any],
+                           describe_layout: str, death_fd: int) -> None:
+    """One HTTP process of several: bind the shared port, report ready, serve."""
+    try:
+        os.set_blocking(death_fd, False)
+        sock = shared_port(args.host, args.port)
+    except Exception as e:  # noqa: BLE001 - reported to the main process
+        ready_pipe.send({"status": "error", "type": type(e).__name__,
+                         "message": f"HTTP server {server}: {e}"})
+        return
+    view = RuntimeView(ipc, info, layout, describe_layout, death_fd, parent_pid)
+    sys.exit(serve_http(args, view, server=server, sockets=[sock],
+                        on_ready=lambda: ready_pipe.send({"status": "ready"})))
 
 
 def _uvicorn_server(args: ServerArgs, app: FastAPI) -> DrainingServer:
