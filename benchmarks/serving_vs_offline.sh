@@ -3,6 +3,8 @@
 # bf16), a fixed-concurrency load from client processes with the offline engine on the same
 # workload in the same run, then Poisson arrival rates. Every figure's JSON goes to $OUT.
 #   bash benchmarks/serving_vs_offline.sh [shape] [concurrency] [requests] [in] [out] [rates]  ("": none)
+# SERVE_ARGS: more `serve` flags (e.g. "--api-server-count 4"); NO_SPY=1: no py-spy (its
+# sampling stops the processes it reads, which slows the server it measures)
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
@@ -25,7 +27,7 @@ echo "server ready after $SECONDS s"
 # and, where py-spy was carried (.whl), where the processes' time goes (collapsed stacks)
 (sleep ${SPY_AT:-3}; top -b -n 1 -w 200 | head -25 >"$OUTDIR/top_c$CONC.txt") &
 SPY=/tmp/site/bin/py-spy
-[ -x $SPY ] && (sleep ${SPY_AT:-3}; $SPY record -p $SERVER --subprocesses -d 8 -r 200 -f raw ${SPY_ARGS:-} \
+[ -x $SPY ] && [ -z "${NO_SPY:-}" ] && (sleep ${SPY_AT:-3}; $SPY record -p $SERVER --subprocesses -d 8 -r 200 -f raw ${SPY_ARGS:-} \
     -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
