@@ -14,6 +14,9 @@ import time
 def add_sampling_parser(sub) -> None:
     p = sub.add_parser("sampling", help="N sampled requests together against one alone")
     p.add_argument("--model-path", help="default: a tiny random Llama, 128k vocabulary")
+    p.add_argument("--shape", default=None,
+                   help="instead: a real model shape with random weights (llama-3.2-1b, ...)")
+    p.add_argument("--dtype", default="float32")
     p.add_argument("--num-requests", type=int, default=8)
     p.add_argument("--output-len", type=int, default=400)
     p.add_argument("--temperature", type=float, default=0.8)
@@ -58,15 +61,20 @@ def _timed(engine, args, n: int, greedy: bool) -> tuple[float, float]:
 def _sampling(args) -> dict:
     from seq2serve import Seq2SeqEngine
 
-    path = args.model_path
-    if path is None:
+    path, extra = args.model_path, {}
+    if args.shape is not None:
+        from seq2serve.runtime.bench.shapes import write_shape
+
+        path, extra = str(write_shape(args.shape, tempfile.mkdtemp())), {"load_format": "dummy"}
+    elif path is None:
         from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
 
         path = str(write_llama_checkpoint(tempfile.mkdtemp()))
     n = args.num_requests
     res = {"workload": {k: v for k, v in vars(args).items() if k != "fn"}}
-    with Seq2SeqEngine(model_path=path, device=args.device, dtype="float32",
-                       max_running_requests=max(n, 1), disable_radix_cache=True) as engine:
+    with Seq2SeqEngine(model_path=path, device=args.device, dtype=args.dtype,
+                       max_running_requests=max(n, 1), disable_radix_cache=True,
+                       **extra) as engine:
         _timed(engine, args, 2, greedy=False)  # warm-up
         for name, greedy in (("greedy", True), ("sampled", False)):
             (one, one_cpu), (many, many_cpu) = (_timed(engine, args, 1, greedy),
