@@ -164,3 +164,5 @@ def test_engine_start_errors_are_value_errors(tmp_path):
         Seq2SeqEngine(model_path=str(tmp_path), device="cpu")
     with pytest.raises(ValueError, match="unknown engine option"):
         Seq2SeqEngine(model_path=str(tmp_path), colour="blue")
+    with pytest.raises(ValueError, match="api_server_count is the HTTP server's"):
+        Seq2SeqEngine(model_path=str(tmp_path), api_server_count=2)

@@ -56,6 +56,9 @@ class Seq2SeqEngine:
 
             model_path = str(default_demo_path())
         self.args = ServerArgs.from_kwargs(model_path=str(model_path), **kwargs)
+        if self.args.api_server_count != 1:
+            raise ValueError("api_server_count is the HTTP server's (its HTTP processes); "
+                             "the engine has none")
         self.translation_beams = default_num_beams(self.args.model_path)
         self._closed = self._closing = False
         self._pending: set[concurrent.futures.Future] = set()  # calls waiting (_call)
