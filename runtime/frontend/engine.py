@@ -103,9 +103,10 @@ class Seq2SeqEngine:
         log-prob: None); max_new_tokens 0 scores without generating. `audio_data` (speech
         models: Whisper) is the encoder input in place of a prompt: one audio, or a list for a
         batch; an audio is a WAV/FLAC/OGG/MP3 file's bytes, a path, or 16 kHz samples as a 1-D
-        float array (up to 30 s). Its decoder prompt is `decoder_input_ids`
-        (`WhisperPrompt.from_model(path).tokens(language, task)`: start, language, task,
-        no-timestamps tokens; an English-only model's by default)."""
+        float array, of at most one 30 s window (`transcribe` cuts longer audio). Its decoder
+        prompt is `decoder_input_ids` (`WhisperPrompt.from_model(path).tokens(language,
+        task)`: start, language, task, no-timestamps tokens; an English-only model's by
+        default)."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
