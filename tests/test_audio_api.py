@@ -368,8 +368,8 @@ def test_long_audio_is_hfs_chunked_pipeline(ckpt, servers):
 def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
     """Seq2SeqEngine.transcribe on 95 s: HF's pipeline's text with a language given, and
     without one the language HF's detect_language gives the first window (faster-whisper's
-    choice: one language per file) and the pipeline's text in it; generate's audio_data
-    stays one window."""
+    choice: one language per file) and the pipeline's text in it, with the windows split
+    over several batches (max_batch_inputs 2); generate's audio_data stays one window."""
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
@@ -383,7 +383,8 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
     code_of = {v: k.strip("<|>") for k, v in WhisperPrompt.from_model(path).lang_to_id.items()}
     with torch.no_grad():
         language = code_of[model.detect_language(features)[0].item()]
-    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as e:
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32",
+                       max_batch_inputs=2) as e:
         given = e.transcribe(samples, language="fr")
         detected = e.transcribe(samples, sampling_params={"max_new_tokens": 24})
         with pytest.raises(ValueError, match="one 30 s window"):
