@@ -278,7 +278,8 @@ def test_a_prompt_is_hfs_prompt_ids(ckpt, servers):
 
 
 def hf_pipeline_text(path: str, samples, language: str, task: str = "transcribe",
-                     num_beams: int = 1, max_new_tokens: int | None = None) -> str:
+                     num_beams: int = 1, max_new_tokens: int | None = None,
+                     prompt: str | None = None) -> str:
     """HF's ASR pipeline with its chunking (30 s windows, 5 s strides) and its merge, each
     window decoded with `max_new_tokens`, by default the server's (the decoder's positions
     less the prompt)."""
@@ -296,9 +297,11 @@ def hf_pipeline_text(path: str, samples, language: str, task: str = "transcribe"
                         feature_size=model.config.num_mel_bins),
                     chunk_length_s=30, stride_length_s=5, ignore_warning=True)
     room = model.config.max_target_positions - 4
+    extra = {} if prompt is None else {
+        "prompt_ids": pipe.tokenizer.get_prompt_ids(prompt, return_tensors="pt")}
     return pipe(samples.copy(), generate_kwargs={
         "language": language, "task": task, "max_new_tokens": max_new_tokens or room,
-        "num_beams": num_beams})["text"]
+        "num_beams": num_beams, **extra})["text"]
 
 
 def hf_windows(path: str, samples, language: str) -> list[list[int]]:
@@ -369,7 +372,9 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
     """Seq2SeqEngine.transcribe on 95 s: HF's pipeline's text with a language given, and
     without one the language HF's detect_language gives the first window (faster-whisper's
     choice: one language per file) and the pipeline's text in it, with the windows split
-    over several batches (max_batch_inputs 2); generate's audio_data stays one window."""
+    over several batches (max_batch_inputs 2); a prompt (previous text) goes before every
+    window's forced tokens, as the pipeline's prompt_ids; generate's audio_data stays one
+    window."""
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
@@ -387,9 +392,14 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
                        max_batch_inputs=2) as e:
         given = e.transcribe(samples, language="fr")
         detected = e.transcribe(samples, sampling_params={"max_new_tokens": 24})
+        prompted = e.transcribe(samples, language="fr", prompt="she sat in the inner tent",
+                                sampling_params={"max_new_tokens": 12})
         with pytest.raises(ValueError, match="one 30 s window"):
             e.generate(audio_data=samples, decoder_input_ids=[1])
     assert given["text"] == hf_pipeline_text(path, samples, "fr")
     assert given["meta_info"]["windows"] == 5
     assert detected["language"] == language
     assert detected["text"] == hf_pipeline_text(path, samples, language, max_new_tokens=24)
+    assert prompted["text"] == hf_pipeline_text(path, samples, "fr", max_new_tokens=12,
+                                                prompt="she sat in the inner tent")
+    assert prompted["text"] != hf_pipeline_text(path, samples, "fr", max_new_tokens=12)
