@@ -16,7 +16,8 @@ Audio longer than 30 s (up to `--max-audio-seconds`) is cut into HF's pipeline's
 with 5 s strides, decoded as one batch with the same prompt (a missing language detected on
 the first window) and merged as the pipeline merges them (`transcription_job.py`). Its
 stream is one delta, the merged text, once every window is done (a window's text is final
-only when the next one is merged in); `max_tokens` is each window's.
+only when the next one is merged in, and the windows decode side by side, ending about
+together); `max_tokens` is each window's.
 """
 
 from __future__ import annotations
