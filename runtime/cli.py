@@ -111,7 +111,9 @@ def _cmd_transcribe(ns: argparse.Namespace) -> int:
         for path in ns.files:
             with open(path, "rb") as f:
                 out = engine.transcribe(f.read(), language=ns.language, task=ns.task,
-                                        sampling_params=sampling)
+                                        sampling_params=sampling,
+                                        chunk_length_s=ns.chunk_length_s,
+                                        stride_length_s=ns.stride_length_s)
             if ns.json:
                 print(json.dumps({"file": path, "text": out["text"],
                                   "tokens": out["meta_info"]["completion_tokens"]},
@@ -196,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--num-beams", type=int, default=1)
     t.add_argument("--max-new-tokens", type=int, default=None,
                    help="default: the decoder's positions left after the prompt")
+    t.add_argument("--chunk-length-s", type=float, default=30.0,
+                   help="long audio's windows, in seconds (at most 30; HF pipeline's)")
+    t.add_argument("--stride-length-s", type=float, default=None,
+                   help="what each window shares with each neighbour, in seconds (default: a "
+                        "sixth of the chunk)")
     t.add_argument("--json", action="store_true", help="print one JSON object per file")
     t.set_defaults(fn=_cmd_transcribe)
 

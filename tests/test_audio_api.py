@@ -129,6 +129,8 @@ def test_beams_max_tokens_and_a_stream(ckpt, servers):
     ({"language": "de", "stream": "true", "num_beams": "2"}, "wav", 400, "stream cannot"),
     ({"language": "de", "temperature": "hot"}, "wav", 400, "temperature must be a number"),
     ({"language": "de"}, "big", 413, "--max-audio-bytes"),
+    ({"language": "de", "chunk_length_s": "45"}, "wav", 400, "chunk_length_s must be in"),
+    ({"language": "de", "stride_length_s": "15"}, "wav", 400, "stride_length_s must be"),
     ({"language": "de", "model": "other"}, "wav", 404, "not found"),
 ])
 def test_bad_requests_are_named(servers, fields, files, status, named):
@@ -279,7 +281,8 @@ def test_a_prompt_is_hfs_prompt_ids(ckpt, servers):
 
 def hf_pipeline_text(path: str, samples, language: str, task: str = "transcribe",
                      num_beams: int = 1, max_new_tokens: int | None = None,
-                     prompt: str | None = None) -> str:
+                     prompt: str | None = None, chunk_length_s: float = 30,
+                     stride_length_s: float = 5) -> str:
     """HF's ASR pipeline with its chunking (30 s windows, 5 s strides) and its merge, each
     window decoded with `max_new_tokens`, by default the server's (the decoder's positions
     less the prompt)."""
@@ -295,7 +298,8 @@ def hf_pipeline_text(path: str, samples, language: str, task: str = "transcribe"
                     tokenizer=WhisperTokenizer.from_pretrained(path),
                     feature_extractor=WhisperFeatureExtractor(
                         feature_size=model.config.num_mel_bins),
-                    chunk_length_s=30, stride_length_s=5, ignore_warning=True)
+                    chunk_length_s=chunk_length_s, stride_length_s=stride_length_s,
+                    ignore_warning=True)
     room = model.config.max_target_positions - 4
     extra = {} if prompt is None else {
         "prompt_ids": pipe.tokenizer.get_prompt_ids(prompt, return_tensors="pt")}
@@ -374,7 +378,7 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
     choice: one language per file) and the pipeline's text in it, with the windows split
     over several batches (max_batch_inputs 2); a prompt (previous text) goes before every
     window's forced tokens, as the pipeline's prompt_ids; generate's audio_data stays one
-    window."""
+    window; other chunkings (chunk_length_s, stride_length_s) are the pipeline's with them."""
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
@@ -394,6 +398,8 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
         detected = e.transcribe(samples, sampling_params={"max_new_tokens": 24})
         prompted = e.transcribe(samples, language="fr", prompt="she sat in the inner tent",
                                 sampling_params={"max_new_tokens": 12})
+        shorter = e.transcribe(samples, language="fr", chunk_length_s=20, stride_length_s=4,
+                               sampling_params={"max_new_tokens": 12})
         with pytest.raises(ValueError, match="one 30 s window"):
             e.generate(audio_data=samples, decoder_input_ids=[1])
     assert given["text"] == hf_pipeline_text(path, samples, "fr")
@@ -403,3 +409,6 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
     assert prompted["text"] == hf_pipeline_text(path, samples, "fr", max_new_tokens=12,
                                                 prompt="she sat in the inner tent")
     assert prompted["text"] != hf_pipeline_text(path, samples, "fr", max_new_tokens=12)
+    assert shorter["meta_info"]["windows"] == 8  # one every 12 s
+    assert shorter["text"] == hf_pipeline_text(path, samples, "fr", max_new_tokens=12,
+                                               chunk_length_s=20, stride_length_s=4)

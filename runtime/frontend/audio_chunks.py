@@ -1,7 +1,8 @@
 """Long audio as Whisper's 30 s windows, and the windows' tokens merged back into one text:
 HF's ASR pipeline's chunking (`pipeline(..., chunk_length_s=30, stride_length_s=5)`: its
 `chunk_iter`) and its merge without timestamps (`_decode_asr` over the windows' text tokens,
-`_find_longest_common_sequence`). Pure functions of sample counts and token ids; no model.
+`_find_longest_common_sequence`); other chunk lengths and strides (`chunking`) as the
+pipeline takes them. Pure functions of sample counts and token ids; no model.
 
 Consecutive windows overlap by the two strides (10 s by default): each starts 20 s after the
 one before. The merge slides each window's tokens over what came before, takes the offset
@@ -52,6 +53,23 @@ def windows(num_samples: int, chunk: int = CHUNK_SAMPLES, stride_left: int = STR
         if is_last:
             break
     return out
+
+
+def chunking(chunk_length_s: float = 30.0,
+             stride_length_s: float | None = None) -> tuple[int, int, int]:
+    """(chunk, stride_left, stride_right) in samples for HF's pipeline's `chunk_length_s` and
+    `stride_length_s` (by default a sixth of the chunk on each side, as the pipeline's); a
+    ValueError naming a chunk longer than Whisper's 30 s window or strides that leave it no
+    step."""
+    if not 0 < chunk_length_s <= CHUNK_SAMPLES / SAMPLING_RATE:
+        raise ValueError(f"chunk_length_s must be in (0, 30] (Whisper's window), got "
+                         f"{chunk_length_s:g}")
+    stride_s = chunk_length_s / 6 if stride_length_s is None else stride_length_s
+    chunk, stride = round(chunk_length_s * SAMPLING_RATE), round(stride_s * SAMPLING_RATE)
+    if stride < 0 or chunk - 2 * stride < 1:
+        raise ValueError(f"stride_length_s must be at least 0 and under half of "
+                         f"chunk_length_s ({chunk_length_s:g} s), got {stride_s:g}")
+    return chunk, stride, stride
 
 
 def text_tokens(ids: Sequence[int], special_ids: Collection[int],

@@ -13,11 +13,12 @@ tokens before the forced ones). OpenAI fields this server does not implement yet
 field; other fields are ignored, as OpenAI-compatible servers do.
 
 Audio longer than 30 s (up to `--max-audio-seconds`) is cut into HF's pipeline's 30 s windows
-with 5 s strides, decoded as one batch with the same prompt (a missing language detected on
-the first window) and merged as the pipeline merges them (`transcription_job.py`). Its
-stream is one delta, the merged text, once every window is done (a window's text is final
-only when the next one is merged in, and the windows decode side by side, ending about
-together); `max_tokens` is each window's.
+with 5 s strides (the extension fields `chunk_length_s`, at most 30, and `stride_length_s`
+choose others, as the pipeline's arguments of those names), decoded as one batch with the
+same prompt (a missing language detected on the first window) and merged as the pipeline
+merges them (`transcription_job.py`). Its stream is one delta, the merged text, once every
+window is done (a window's text is final only when the next one is merged in, and the
+windows decode side by side, ending about together); `max_tokens` is each window's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 
+from seq2serve.runtime.frontend.audio_chunks import chunking
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_serving import (
     OpenAIServing,
@@ -48,8 +50,9 @@ NOT_YET = {
     "timestamp_granularities[]": "timestamps are not built yet",
     "timestamp_granularities": "timestamps are not built yet",
     "include[]": "token log-probs of transcriptions are not built yet",
-    "chunking_strategy": "long audio is cut into fixed 30 s windows with 5 s strides "
-                         "(HF's pipeline's); other chunkings (VAD) are not built",
+    "chunking_strategy": "long audio is cut into fixed windows (HF's pipeline's: 30 s with "
+                         "5 s strides, or chunk_length_s and stride_length_s); voice-activity "
+                         "chunking is not built",
 }
 
 
@@ -105,9 +108,18 @@ class AudioServing:
         if len(data) > limit:
             raise RequestError(f"the audio file is {len(data)} bytes, over the limit of "
                                f"{limit} (--max-audio-bytes)", status=413, param="file")
+        chunk_s = _number(form, "chunk_length_s", float)
+        chunk_s = 30.0 if chunk_s is None else chunk_s
+        stride_s = _number(form, "stride_length_s", float)
+        for name, stride in (("chunk_length_s", None), ("stride_length_s", stride_s)):
+            try:  # the chunk alone, then with its strides
+                chunking(chunk_s, stride)
+            except ValueError as e:
+                raise RequestError(str(e), param=name) from None
         try:  # decoding is CPU work: off the event loop
             job = await asyncio.get_running_loop().run_in_executor(
-                None, TranscriptionJob.of, data, self.tm.audio_limits, self.tm.media_policy)
+                None, TranscriptionJob.of, data, self.tm.audio_limits, self.tm.media_policy,
+                chunk_s, stride_s)
         except ValueError as e:
             raise RequestError(str(e), param="file") from None
         detected_language = None

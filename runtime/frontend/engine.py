@@ -123,8 +123,9 @@ class Seq2SeqEngine:
         return results if _returns_list(obj) else results[0]
 
     def transcribe(self, audio: Any, language: str | None = None, task: str = "transcribe",
-                   sampling_params: dict | None = None,
-                   prompt: str | None = None) -> dict[str, Any]:
+                   sampling_params: dict | None = None, prompt: str | None = None,
+                   chunk_length_s: float = 30.0,
+                   stride_length_s: float | None = None) -> dict[str, Any]:
         """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
         16 kHz samples; up to `max_audio_seconds`), as `/v1/audio/transcriptions` answers it:
         {"text", "output_ids", "meta_info"}. Audio longer than 30 s is cut into HF's
@@ -135,7 +136,9 @@ class Seq2SeqEngine:
         then has "language" and every language's log-prob, "language_logprobs"); `task`:
         "transcribe" or "translate" (to English); `prompt`: text before this audio's (HF's
         `prompt_ids`, before every window's). By default greedy, up to the decoder's positions
-        left after the prompt (each window's); `sampling_params` overrides (num_beams, ...)."""
+        left after the prompt (each window's); `sampling_params` overrides (num_beams, ...).
+        `chunk_length_s` (at most 30) and `stride_length_s` (by default a sixth of the chunk)
+        are HF's pipeline's: other windows, cut and merged as it would."""
         from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -146,7 +149,8 @@ class Seq2SeqEngine:
                              "(Whisper)")
         if language is not None or not whisper.is_multilingual:
             whisper.tokens(language, task)  # a bad language or task: named before decoding
-        job = TranscriptionJob.of(audio, tm.audio_limits, tm.media_policy)
+        job = TranscriptionJob.of(audio, tm.audio_limits, tm.media_policy, chunk_length_s,
+                                  stride_length_s)
         scores = None
         if language is None and whisper.is_multilingual:
             obj, codes = detection_request(whisper, job.detection_audio)

@@ -19,7 +19,12 @@ import numpy as np
 
 from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 from seq2serve.encoders.image_loader import MediaPolicy
-from seq2serve.runtime.frontend.audio_chunks import merge_tokens, text_tokens, windows
+from seq2serve.runtime.frontend.audio_chunks import (
+    chunking,
+    merge_tokens,
+    text_tokens,
+    windows,
+)
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_rows
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
 
@@ -29,11 +34,16 @@ class TranscriptionJob:
     windows: list[np.ndarray]  # each window's 16 kHz samples, in order (one: <= 30 s)
 
     @classmethod
-    def of(cls, audio: Any, limits: AudioLimits, policy: MediaPolicy) -> TranscriptionJob:
-        """The caller's audio (file bytes, a path, or 16 kHz samples) decoded and cut; a
-        ValueError naming the problem (undecodable, empty, over a limit)."""
+    def of(cls, audio: Any, limits: AudioLimits, policy: MediaPolicy,
+           chunk_length_s: float = 30.0,
+           stride_length_s: float | None = None) -> TranscriptionJob:
+        """The caller's audio (file bytes, a path, or 16 kHz samples) decoded and cut (by
+        default 30 s windows with 5 s strides; HF's pipeline's `chunk_length_s` and
+        `stride_length_s` otherwise); a ValueError naming the problem (undecodable, empty,
+        over a limit, a chunking that does not fit a window)."""
+        chunk = chunking(chunk_length_s, stride_length_s)
         samples = read_audio(audio, limits, policy)
-        return cls([samples[w.start:w.end] for w in windows(samples.shape[0])])
+        return cls([samples[w.start:w.end] for w in windows(samples.shape[0], *chunk)])
 
     @property
     def is_long(self) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from seq2serve.runtime.frontend.audio_chunks import (
     CHUNK_SAMPLES,
     STRIDE_SAMPLES,
+    chunking,
     merge_tokens,
     text_tokens,
     windows,
@@ -50,6 +51,12 @@ def test_other_chunkings_and_a_chunk_without_a_step():
         assert ours == _hf_windows(n, chunk, left, right)
     with pytest.raises(ValueError, match="leaves no step"):
         windows(1_000, 100, 50, 50)
+    assert chunking() == (480_000, 80_000, 80_000)  # the pipeline's sixth by default
+    assert chunking(12.5, 2) == (200_000, 32_000, 32_000)
+    for bad, named in (((31,), "chunk_length_s must be in"), ((0,), "chunk_length_s must"),
+                       ((10, 5), "stride_length_s must be"), ((10, -1), "stride_length_s")):
+        with pytest.raises(ValueError, match=named):
+            chunking(*bad)
 
 
 def _overlapping(rng: np.random.Generator, windows: int, vocab: int) -> list[list[int]]:
