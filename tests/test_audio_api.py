@@ -13,6 +13,7 @@ from seq2serve.tests.server_helpers import ServerProcess
 from seq2serve.tests.whisper_checkpoints import (
     clip,
     encoded,
+    long_clip,
     tiny_checkpoints,
     write_whisper_checkpoint,
 )
@@ -28,7 +29,8 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(ckpt):
-    m = ServerProcess(ckpt["multilingual"], "--max-audio-bytes", "2000000")
+    m = ServerProcess(ckpt["multilingual"], "--max-audio-bytes", "2000000",
+                      "--max-audio-seconds", "100")
     e = ServerProcess(ckpt["english"])
     try:
         yield {"multilingual": m, "english": e}
@@ -127,6 +129,8 @@ def test_beams_max_tokens_and_a_stream(ckpt, servers):
     ({"language": "de", "stream": "true", "num_beams": "2"}, "wav", 400, "stream cannot"),
     ({"language": "de", "temperature": "hot"}, "wav", 400, "temperature must be a number"),
     ({"language": "de"}, "big", 413, "--max-audio-bytes"),
+    ({"language": "de", "chunk_length_s": "45"}, "wav", 400, "chunk_length_s must be in"),
+    ({"language": "de", "stride_length_s": "15"}, "wav", 400, "stride_length_s must be"),
     ({"language": "de", "model": "other"}, "wav", 404, "not found"),
 ])
 def test_bad_requests_are_named(servers, fields, files, status, named):
@@ -166,15 +170,17 @@ def test_the_engine_transcribes_as_the_endpoint(ckpt, servers):
 
 
 def test_the_transcribe_command(ckpt, servers, tmp_path):
-    """`seq2serve transcribe FILES`: one line of text per file, the endpoint's; a language
+    """`seq2serve transcribe FILES`: one line of text per file, the endpoint's (95 s of
+    audio too); a language
     the model does not have is an error naming it, exit status 2."""
     import json
     import subprocess
     import sys
 
-    files = [tmp_path / "a.wav", tmp_path / "b.mp3"]
+    files = [tmp_path / "a.wav", tmp_path / "b.mp3", tmp_path / "long.ogg"]
     files[0].write_bytes(encoded(clip(0), 16_000, "WAV"))
     files[1].write_bytes(encoded(clip(5, rate=22_050), 22_050, "MP3"))
+    files[2].write_bytes(encoded(long_clip(), 16_000, "OGG"))  # 95 s: five windows
     m = client(servers["multilingual"])
     served = [m.audio.transcriptions.create(model=ckpt["multilingual"], language="de",
                                             file=(f.name, f.read_bytes())).text for f in files]
@@ -271,3 +277,138 @@ def test_a_prompt_is_hfs_prompt_ids(ckpt, servers):
     with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as e:
         assert e.transcribe(wav, language="en", prompt=text,
                             sampling_params={"max_new_tokens": 12})["text"] == expected
+
+
+def hf_pipeline_text(path: str, samples, language: str, task: str = "transcribe",
+                     num_beams: int = 1, max_new_tokens: int | None = None,
+                     prompt: str | None = None, chunk_length_s: float = 30,
+                     stride_length_s: float = 5) -> str:
+    """HF's ASR pipeline with its chunking (30 s windows, 5 s strides) and its merge, each
+    window decoded with `max_new_tokens`, by default the server's (the decoder's positions
+    less the prompt)."""
+    from transformers import (
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizer,
+        pipeline,
+    )
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    pipe = pipeline("automatic-speech-recognition", model=model, device="cpu",
+                    tokenizer=WhisperTokenizer.from_pretrained(path),
+                    feature_extractor=WhisperFeatureExtractor(
+                        feature_size=model.config.num_mel_bins),
+                    chunk_length_s=chunk_length_s, stride_length_s=stride_length_s,
+                    ignore_warning=True)
+    room = model.config.max_target_positions - 4
+    extra = {} if prompt is None else {
+        "prompt_ids": pipe.tokenizer.get_prompt_ids(prompt, return_tensors="pt")}
+    return pipe(samples.copy(), generate_kwargs={
+        "language": language, "task": task, "max_new_tokens": max_new_tokens or room,
+        "num_beams": num_beams, **extra})["text"]
+
+
+def hf_windows(path: str, samples, language: str) -> list[list[int]]:
+    """HF generate's tokens for each of the pipeline's windows (its own `chunk_iter`)."""
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+    from transformers.pipelines.automatic_speech_recognition import chunk_iter
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+    room = model.config.max_target_positions - 4
+    out = []
+    for item in chunk_iter(samples, extractor, 480_000, 80_000, 80_000):
+        with torch.no_grad():
+            out.append(model.generate(item["input_features"], language=language,
+                                      max_new_tokens=room)[0].tolist())
+    return out
+
+
+def test_long_audio_is_hfs_chunked_pipeline(ckpt, servers):
+    """95 s: five windows, sent as one batch and merged, give the text of HF's pipeline with
+    chunk_length_s=30, stride_length_s=5 (json; text, a stream's one delta and translate
+    with beams, each window's length capped by max_tokens). The windows' tokens differ and
+    the merge drops their overlaps (the text is not the windows' texts joined), so the
+    oracle checks the merge; past --max-audio-seconds (100 here) is a 400 naming it."""
+    from transformers import WhisperTokenizer
+
+    from seq2serve.encoders.audio_loader import AudioLimits, read_audio
+
+    path = ckpt["multilingual"]
+    ogg = encoded(long_clip(), 16_000, "OGG")
+    samples = read_audio(ogg, AudioLimits(max_seconds=600))
+    assert 94 < samples.shape[0] / 16_000 < 96
+    expected = hf_pipeline_text(path, samples, "de")
+    per_window = hf_windows(path, samples, "de")
+    joined = WhisperTokenizer.from_pretrained(path).decode(
+        [t for w in per_window for t in w], skip_special_tokens=True)
+    assert len(per_window) == 5 and len(set(map(tuple, per_window))) >= 4
+    assert expected.strip() and expected != joined and len(expected) < len(joined)
+
+    m = client(servers["multilingual"])
+    got = m.audio.transcriptions.create(model=path, file=("long.ogg", ogg), language="de")
+    assert got.text == expected and got.usage.output_tokens > 0
+    short = hf_pipeline_text(path, samples, "de", max_new_tokens=24)
+    assert short != expected
+    assert m.audio.transcriptions.create(model=path, file=("long.ogg", ogg), language="de",
+                                         response_format="text",
+                                         extra_body={"max_tokens": 24}) == short
+    events = list(m.audio.transcriptions.create(model=path, file=("long.ogg", ogg),
+                                                language="de", stream=True,
+                                                extra_body={"max_tokens": 24}))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    [done] = [e for e in events if e.type == "transcript.text.done"]
+    assert "".join(deltas) == done.text == short
+    translated = m.audio.translations.create(
+        model=path, file=("long.ogg", ogg),
+        extra_body={"language": "de", "num_beams": 2, "max_tokens": 24})
+    assert translated.text == hf_pipeline_text(path, samples, "de", "translate", num_beams=2,
+                                               max_new_tokens=24)
+
+    too_long = encoded(long_clip(6), 16_000, "OGG")  # 114 s
+    r = httpx.post(servers["multilingual"].url + "/v1/audio/transcriptions", timeout=60,
+                   data={"language": "de"}, files={"file": ("x.ogg", too_long)})
+    assert r.status_code == 400, r.text
+    assert "over the limit of 100 s (max_audio_seconds)" in r.json()["error"]["message"]
+
+
+def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
+    """Seq2SeqEngine.transcribe on 95 s: HF's pipeline's text with a language given, and
+    without one the language HF's detect_language gives the first window (faster-whisper's
+    choice: one language per file) and the pipeline's text in it, with the windows split
+    over several batches (max_batch_inputs 2); a prompt (previous text) goes before every
+    window's forced tokens, as the pipeline's prompt_ids; generate's audio_data stays one
+    window; other chunkings (chunk_length_s, stride_length_s) are the pipeline's with them."""
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+    from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
+    path = ckpt["multilingual"]
+    samples = long_clip()
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    features = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)(
+        samples[:480_000], sampling_rate=16_000, return_tensors="pt").input_features
+    code_of = {v: k.strip("<|>") for k, v in WhisperPrompt.from_model(path).lang_to_id.items()}
+    with torch.no_grad():
+        language = code_of[model.detect_language(features)[0].item()]
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32",
+                       max_batch_inputs=2) as e:
+        given = e.transcribe(samples, language="fr")
+        detected = e.transcribe(samples, sampling_params={"max_new_tokens": 24})
+        prompted = e.transcribe(samples, language="fr", prompt="she sat in the inner tent",
+                                sampling_params={"max_new_tokens": 12})
+        shorter = e.transcribe(samples, language="fr", chunk_length_s=20, stride_length_s=4,
+                               sampling_params={"max_new_tokens": 12})
+        with pytest.raises(ValueError, match="one 30 s window"):
+            e.generate(audio_data=samples, decoder_input_ids=[1])
+    assert given["text"] == hf_pipeline_text(path, samples, "fr")
+    assert given["meta_info"]["windows"] == 5
+    assert detected["language"] == language
+    assert detected["text"] == hf_pipeline_text(path, samples, language, max_new_tokens=24)
+    assert prompted["text"] == hf_pipeline_text(path, samples, "fr", max_new_tokens=12,
+                                                prompt="she sat in the inner tent")
+    assert prompted["text"] != hf_pipeline_text(path, samples, "fr", max_new_tokens=12)
+    assert shorter["meta_info"]["windows"] == 8  # one every 12 s
+    assert shorter["text"] == hf_pipeline_text(path, samples, "fr", max_new_tokens=12,
+                                               chunk_length_s=20, stride_length_s=4)

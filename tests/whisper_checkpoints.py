@@ -123,3 +123,9 @@ def encoded(samples: np.ndarray, rate: int, fmt: str, subtype: str | None = None
     buf = io.BytesIO()
     soundfile.write(buf, samples, rate, format=fmt, subtype=subtype)
     return buf.getvalue()
+
+
+def long_clip(segments: int = 5, seconds: float = 19.0) -> np.ndarray:
+    """Long audio of `segments` different clips back to back (5 x 19 s = 95 s: five 30 s
+    windows, whose contents differ and whose 10 s overlaps cross the clips' joins)."""
+    return np.concatenate([clip(100 + s, seconds) for s in range(segments)])

@@ -23,7 +23,7 @@ class RequestLimits:
     max_stop_chars: int = 1024  # all stop strings' characters together
     max_document_chars: int = 100_000  # one document of a translation request
     max_audio_bytes: int = 25 << 20  # one encoded audio file (speech models)
-    max_audio_seconds: float = 30.0  # one audio's duration (one Whisper window)
+    max_audio_seconds: float = 600.0  # one transcription's audio (cut into 30 s windows)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class ServerArgs:
     allowed_local_media_path: str | None = None  # server: read image file paths under this dir
     # audio (speech models: Whisper)
     max_audio_bytes: int = 26_214_400  # largest encoded audio file (25 MiB, OpenAI's limit)
-    max_audio_seconds: float = 30.0  # longest audio (one 30 s window; longer is not cut yet)
+    max_audio_seconds: float = 600.0  # longest audio to transcribe (cut into 30 s windows)
     # HTTP server
     host: str = "127.0.0.1"  # address the HTTP server binds
     port: int = 30000  # HTTP port

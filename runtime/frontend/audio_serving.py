@@ -11,16 +11,26 @@ English). `prompt` is text before the audio's, as HF's `prompt_ids` (`<|startofp
 tokens before the forced ones). OpenAI fields this server does not implement yet (timestamps,
 `srt` / `vtt` / `verbose_json`, `include[]`, `chunking_strategy`) are refused naming the
 field; other fields are ignored, as OpenAI-compatible servers do.
+
+Audio longer than 30 s (up to `--max-audio-seconds`) is cut into HF's pipeline's 30 s windows
+with 5 s strides (the extension fields `chunk_length_s`, at most 30, and `stride_length_s`
+choose others, as the pipeline's arguments of those names), decoded as one batch with the
+same prompt (a missing language detected on the first window) and merged as the pipeline
+merges them (`transcription_job.py`). Its stream is one delta, the merged text, once every
+window is done (a window's text is final only when the next one is merged in, and the
+windows decode side by side, ending about together); `max_tokens` is each window's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 
+from seq2serve.runtime.frontend.audio_chunks import chunking
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_serving import (
     OpenAIServing,
@@ -29,6 +39,7 @@ from seq2serve.runtime.frontend.openai_serving import (
     sse_response,
 )
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
+from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
 from seq2serve.runtime.frontend.translation import with_beams
 from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -39,7 +50,9 @@ NOT_YET = {
     "timestamp_granularities[]": "timestamps are not built yet",
     "timestamp_granularities": "timestamps are not built yet",
     "include[]": "token log-probs of transcriptions are not built yet",
-    "chunking_strategy": "audio longer than one 30 s window is not cut yet",
+    "chunking_strategy": "long audio is cut into fixed windows (HF's pipeline's: 30 s with "
+                         "5 s strides, or chunk_length_s and stride_length_s); voice-activity "
+                         "chunking is not built",
 }
 
 
@@ -95,9 +108,23 @@ class AudioServing:
         if len(data) > limit:
             raise RequestError(f"the audio file is {len(data)} bytes, over the limit of "
                                f"{limit} (--max-audio-bytes)", status=413, param="file")
+        chunk_s = _number(form, "chunk_length_s", float)
+        chunk_s = 30.0 if chunk_s is None else chunk_s
+        stride_s = _number(form, "stride_length_s", float)
+        for name, stride in (("chunk_length_s", None), ("stride_length_s", stride_s)):
+            try:  # the chunk alone, then with its strides
+                chunking(chunk_s, stride)
+            except ValueError as e:
+                raise RequestError(str(e), param=name) from None
+        try:  # decoding is CPU work: off the event loop
+            job = await asyncio.get_running_loop().run_in_executor(
+                None, TranscriptionJob.of, data, self.tm.audio_limits, self.tm.media_policy,
+                chunk_s, stride_s)
+        except ValueError as e:
+            raise RequestError(str(e), param="file") from None
         detected_language = None
         if language is None and whisper.is_multilingual:  # HF's generate detects it
-            obj, codes = detection_request(whisper, data, user)
+            obj, codes = detection_request(whisper, job.detection_audio, user)
             language, _ = detected(await self.serving.collect(obj, request), codes)
             detected_language = language
         try:
@@ -129,11 +156,14 @@ class AudioServing:
             sp = with_beams(sp, _number(form, "beam_size", int), 1, stream)
         except ValueError as e:
             raise RequestError(str(e), param="num_beams") from None
-        obj = GenerateReqInput(audio_data=data, decoder_input_ids=decoder_ids,
-                               sampling_params=sp, stream=stream, user=user)
-        if stream:
-            return await self._stream(obj)
-        [result] = await self.serving.collect(obj, request)
+        objs = job.requests(decoder_ids, sp, self.tm.limits.max_batch_inputs,
+                            stream=stream and not job.is_long, user=user)
+        if stream and not job.is_long:
+            return await self._stream(objs[0])
+        results = await _collect_all(self.serving, objs, request)
+        result = job.answer(results, self.tm.tokenizer, whisper)
+        if stream:  # long audio: the merged text, once every window is done
+            return sse_response(_whole_text_events(result["text"]))
         if fmt == "text":
             return PlainTextResponse(result["text"])
         meta = result["meta_info"]
@@ -159,6 +189,25 @@ class AudioServing:
             yield "data: [DONE]\n\n"
 
         return sse_response(events())
+
+
+async def _collect_all(serving: OpenAIServing, objs: list[GenerateReqInput],
+                       request: Request) -> list[dict]:
+    """Every request's results in order; one failing cancels (aborts) the others."""
+    tasks = [asyncio.ensure_future(serving.collect(o, request)) for o in objs]
+    try:
+        return [r for results in await asyncio.gather(*tasks) for r in results]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _whole_text_events(text: str):
+    if text:
+        yield _sse({"type": "transcript.text.delta", "delta": text})
+    yield _sse({"type": "transcript.text.done", "text": text})
+    yield "data: [DONE]\n\n"
 
 
 async def _form(request: Request):

@@ -106,9 +106,10 @@ class Seq2SeqEngine:
         log-prob: None); max_new_tokens 0 scores without generating. `audio_data` (speech
         models: Whisper) is the encoder input in place of a prompt: one audio, or a list for a
         batch; an audio is a WAV/FLAC/OGG/MP3 file's bytes, a path, or 16 kHz samples as a 1-D
-        float array (up to 30 s). Its decoder prompt is `decoder_input_ids`
-        (`WhisperPrompt.from_model(path).tokens(language, task)`: start, language, task,
-        no-timestamps tokens; an English-only model's by default)."""
+        float array, of at most one 30 s window (`transcribe` cuts longer audio). Its decoder
+        prompt is `decoder_input_ids` (`WhisperPrompt.from_model(path).tokens(language,
+        task)`: start, language, task, no-timestamps tokens; an English-only model's by
+        default)."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids,
                                decoder_input_ids=decoder_input_ids,
                                sampling_params=sampling_params, stream=stream,
@@ -125,33 +126,45 @@ class Seq2SeqEngine:
         return results if _returns_list(obj) else results[0]
 
     def transcribe(self, audio: Any, language: str | None = None, task: str = "transcribe",
-                   sampling_params: dict | None = None,
-                   prompt: str | None = None) -> dict[str, Any]:
+                   sampling_params: dict | None = None, prompt: str | None = None,
+                   chunk_length_s: float = 30.0,
+                   stride_length_s: float | None = None) -> dict[str, Any]:
         """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
-        16 kHz samples; up to 30 s), as `/v1/audio/transcriptions` answers it: {"text",
-        "output_ids", "meta_info"}. `language`: a code ("de") or an English name; without
-        one a multilingual model's is detected first, as HF's generate does (the result then
-        has "language" and every language's log-prob, "language_logprobs"); `task`:
+        16 kHz samples; up to `max_audio_seconds`), as `/v1/audio/transcriptions` answers it:
+        {"text", "output_ids", "meta_info"}. Audio longer than 30 s is cut into HF's
+        pipeline's 30 s windows with 5 s strides, decoded as one batch and merged as the
+        pipeline merges them (`output_ids`: the merged text tokens; `meta_info["windows"]`:
+        how many). `language`: a code ("de") or an English name; without one a multilingual
+        model's is detected first (on the first window), as HF's generate does (the result
+        then has "language" and every language's log-prob, "language_logprobs"); `task`:
         "transcribe" or "translate" (to English); `prompt`: text before this audio's (HF's
-        `prompt_ids`). By default greedy, up to the decoder's positions left after the
-        prompt; `sampling_params` overrides (num_beams, ...)."""
+        `prompt_ids`, before every window's). By default greedy, up to the decoder's positions
+        left after the prompt (each window's); `sampling_params` overrides (num_beams, ...).
+        `chunk_length_s` (at most 30) and `stride_length_s` (by default a sixth of the chunk)
+        are HF's pipeline's: other windows, cut and merged as it would."""
+        from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
-        whisper = self.tokenizer_manager.whisper_prompt
+        tm = self.tokenizer_manager
+        whisper = tm.whisper_prompt
         if whisper is None:
             raise ValueError("this model takes no audio: transcribe serves speech models "
                              "(Whisper)")
+        if language is not None or not whisper.is_multilingual:
+            whisper.tokens(language, task)  # a bad language or task: named before decoding
+        job = TranscriptionJob.of(audio, tm.audio_limits, tm.media_policy, chunk_length_s,
+                                  stride_length_s)
         scores = None
         if language is None and whisper.is_multilingual:
-            obj, codes = detection_request(whisper, audio)
-            language, scores = detected(self._call(_collect_all(self.tokenizer_manager,
-                                                                [obj])), codes)
+            obj, codes = detection_request(whisper, job.detection_audio)
+            language, scores = detected(self._call(_collect_all(tm, [obj])), codes)
         forced = whisper.tokens(language, task)
         if prompt is not None:
-            forced = whisper.previous_ids(self.tokenizer_manager.tokenizer, prompt) + forced
+            forced = whisper.previous_ids(tm.tokenizer, prompt) + forced
         sp = {"max_new_tokens": whisper.max_target_positions - len(forced),
               "temperature": 0.0, **(sampling_params or {})}
-        out = self.generate(audio_data=audio, decoder_input_ids=forced, sampling_params=sp)
+        objs = job.requests(forced, sp, self.args.max_batch_inputs)
+        out = job.answer(self._call(_collect_all(tm, objs)), tm.tokenizer, whisper)
         if scores is not None:
             out["language"], out["language_logprobs"] = language, scores
         return out

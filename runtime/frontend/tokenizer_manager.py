@@ -93,16 +93,22 @@ class TokenizerManager:
         self.image_processor = None
         self.image_pool = None
         self.audio_processor = None
+        self.audio_limits = None  # a speech model's: the whole audio's (bytes, seconds)
         self.whisper_prompt = None  # a speech model's default decoder prompt
         self._previous_text_token = None  # Whisper's <|startofprev|>: a prompt may begin so
         if info.get("has_audio"):
             from seq2serve.encoders.audio_features import AudioProcessor
             from seq2serve.encoders.audio_loader import AudioLimits
+            from seq2serve.runtime.frontend.audio_chunks import CHUNK_SAMPLES, SAMPLING_RATE
             from seq2serve.runtime.frontend.transcription import WhisperPrompt
 
-            limits = AudioLimits(self.limits.max_audio_bytes, self.limits.max_audio_seconds)
+            # the whole audio's limits (a transcription's, cut into windows above); the
+            # processor's input is one window
+            self.audio_limits = AudioLimits(self.limits.max_audio_bytes,
+                                            self.limits.max_audio_seconds)
+            window = AudioLimits(self.limits.max_audio_bytes, CHUNK_SAMPLES / SAMPLING_RATE)
             self.audio_processor = AudioProcessor(model_id, model_id, info["num_mel_bins"],
-                                                  info["audio_tokens"], limits,
+                                                  info["audio_tokens"], window,
                                                   self.media_policy)
             self.whisper_prompt = WhisperPrompt.from_model(model_id)
             self._previous_text_token = tokenizer.convert_tokens_to_ids("<|startofprev|>")
@@ -224,10 +230,19 @@ class TokenizerManager:
         if not all(given):
             raise ValueError("this model's input is audio: give audio_data, not text or "
                              "input_ids")
+        from seq2serve.encoders.audio_loader import read_audio
+        from seq2serve.runtime.frontend.audio_chunks import CHUNK_SAMPLES, SAMPLING_RATE
+
         out = []
         for i, item in enumerate(items):
             try:
-                out.append([self.audio_processor(item["audio_data"])])
+                samples = read_audio(item["audio_data"], self.audio_limits, self.media_policy)
+                if samples.shape[0] > CHUNK_SAMPLES:
+                    seconds = samples.shape[0] / SAMPLING_RATE
+                    raise ValueError(f"the audio is {seconds:.2f} s long: an audio_data input "
+                                     f"is one 30 s window (transcribe and /v1/audio/* cut "
+                                     f"longer audio into windows)")
+                out.append([self.audio_processor(samples)])
             except ValueError as e:
                 raise ValueError(f"audio {i}: {e}" if len(items) > 1 else str(e)) from None
         return out
