@@ -2,8 +2,9 @@
 (parsing, tokenizing, SSE) spread over N cores in front of the same schedulers.
 
 The main process starts the schedulers and the detokenizer as with one HTTP process, then N
-HTTP processes (`python -m ...child api`: `http_server.run_api_server_process`), each a whole FastAPI app with its own tokenizer
-manager, and supervises them; it serves nothing itself. Each HTTP process binds the port with
+HTTP processes (`python -m ...child api`: `http_server.run_api_server_process`), each a
+whole FastAPI app with its own tokenizer manager, and supervises them; it serves nothing
+itself. Each HTTP process binds the port with
 SO_REUSEPORT, so the kernel shares new connections out among them. Request keys and control
 tags carry their process's index (`request_ids.py`) and the detokenizer sends each output to
 its process. What is per process: the connection limit (`--max-connections` is shared out),
