@@ -1,7 +1,7 @@
 """JSON Schemas of real-world shapes for the grammar tests, generated from a seed: objects
-nested two deep, arrays, enums, `anyOf`, `const`, string formats (uuid, ipv6) and patterns (codes, dates),
-bounded numbers, optional properties and `additionalProperties: false` everywhere (OpenAI's
-strict mode).
+nested two deep, arrays, enums, `anyOf`, `const`, string formats (uuid, ipv6) and patterns
+(codes, dates), bounded numbers, optional properties and `additionalProperties: false`
+everywhere (OpenAI's strict mode).
 
 Every string has a `maxLength` or a format and every array a `maxItems`: a random model, which
 the tests decode with, never closes a free string or array on its own (it picks among tens of
