@@ -5,7 +5,8 @@ Each step the host fills the row's line of the batch's token bitmask (bit t of w
 token t allowed) before the step is launched, and after the step is read the row accepts its
 token. The request's stop tokens are allowed exactly where the grammar accepts the output;
 accepting one terminates the matcher. A beam row that continues another row's sequence takes a
-copy of that row's state (`fork`).
+copy of that row's state (`fork`). A step's rows are filled together (`fill_rows`: xgrammar's
+batch matcher, on half the host's cores).
 """
 
 from __future__ import annotations
@@ -55,3 +56,21 @@ class RowGrammar:
     def reset(self) -> None:
         self.matcher.reset()
         self.dead = False
+
+
+_batch: xgr.BatchGrammarMatcher | None = None
+
+
+def fill_rows(rows: list[tuple[int, RowGrammar]], bitmask: torch.Tensor) -> None:
+    """`bitmask[i]` for each (i, row): the live rows' filled together in threads, the others
+    (dead, or terminated) allowing every token, as `RowGrammar.fill` does one at a time."""
+    global _batch
+    live = [(i, g) for i, g in rows if not (g.dead or g.terminated)]
+    for i, g in rows:
+        if g.dead or g.terminated:
+            bitmask[i] = -1
+    if live:
+        if _batch is None:
+            _batch = xgr.BatchGrammarMatcher()
+        _batch.batch_fill_next_token_bitmask([g.matcher for _, g in live], bitmask,
+                                             [i for i, _ in live])

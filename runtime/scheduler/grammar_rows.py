@@ -16,7 +16,7 @@ import torch
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.grammar.bitmask import new_bitmask
 from seq2serve.runtime.grammar.compiler import GrammarCache
-from seq2serve.runtime.grammar.matcher import RowGrammar
+from seq2serve.runtime.grammar.matcher import RowGrammar, fill_rows
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.req import Req
 
@@ -59,8 +59,7 @@ def grammar_masks(reqs: list[Req], vocab_size: int) -> tuple[list[int], torch.Te
     if not rows:
         return None
     mask = new_bitmask(len(reqs), vocab_size)
-    for i in rows:
-        reqs[i].grammar.fill(mask, i)
+    fill_rows([(i, reqs[i].grammar) for i in rows], mask)
     return rows, mask
 
 

@@ -14,6 +14,7 @@ from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.grammar.bitmask import apply_bitmask, new_bitmask
 from seq2serve.runtime.grammar.compiler import GrammarCache
 from seq2serve.runtime.grammar.expressible import required_chars
+from seq2serve.runtime.grammar.matcher import fill_rows
 from seq2serve.runtime.grammar.vocabulary import token_bytes
 from seq2serve.runtime.tools.demo_checkpoint import LLAMA3_TOKENIZER, T5_TOKENIZER
 
@@ -110,6 +111,15 @@ def test_a_row_follows_its_tokens_and_a_fork_is_independent():
     assert bool(xgr.testing.bitmask_to_bool_mask(mask)[0].all())  # a dead row is not masked
     row.reset()
     assert not row.dead and row.accept(ids["ab"])
+    # a step's rows filled together are each row's own fill
+    dead = row.fork()
+    dead.accept(ids["x"])
+    together, alone = new_bitmask(4, LLAMA_VOCAB), new_bitmask(4, LLAMA_VOCAB)
+    rows = [(0, row), (2, cache.matcher("regex", "[0-9]+", (eot,))), (3, dead)]
+    fill_rows(rows, together)
+    for i, g in rows:
+        g.fill(alone, i)
+    assert torch.equal(together, alone) and not together[1].any()
 
 
 def test_the_mask_is_applied_to_the_named_rows_only():
