@@ -60,7 +60,10 @@ class GrammarCache:
     def matcher(self, kind: str, text: str, stop_ids: tuple[int, ...]) -> RowGrammar:
         """A new request row's matcher; ValueError if the grammar is bad or the model's
         vocabulary cannot start it."""
-        m = RowGrammar(self.compiled(kind, text), stop_ids)
+        try:
+            m = RowGrammar(self.compiled(kind, text), stop_ids)
+        except RuntimeError as e:  # the backend's own checks
+            raise ValueError(f"{kind}: {_reason(e)}") from None
         mask = torch.zeros(1, xgr.get_bitmask_shape(1, self.vocab_size)[1], dtype=torch.int32)
         m.fill(mask, 0)
         if not m.terminated and not mask.any():

@@ -20,8 +20,9 @@ class RowGrammar:
                  matcher: xgr.GrammarMatcher | None = None) -> None:
         self.compiled = compiled
         self.stop_ids = stop_ids
+        # without stop tokens (a model with no EOS) the matcher ends when the grammar does
         self.matcher = matcher or xgr.GrammarMatcher(
-            compiled, override_stop_tokens=list(stop_ids),
+            compiled, override_stop_tokens=list(stop_ids) or None,
             terminate_without_stop_token=not stop_ids)
         # a token the grammar did not allow was accepted: only a beam row scored -inf (a
         # candidate HF's beam rules keep when too few are allowed) gets one; it never wins

@@ -43,7 +43,9 @@ class Grammars:
                              f"directory has none")
         if self.cache is None:
             self.cache = GrammarCache(self.tokenizer, self.vocab_size)
-        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_ids))
+        # the model's EOS ends a grammar's output even with ignore_eos: the grammar decides
+        # where the output may end, and nothing may follow its end
+        stops = set(sp.stop_token_ids) | set(self.eos_ids)
         return self.cache.matcher(*sp.grammar, tuple(sorted(stops)))
 
     def stats(self) -> dict[str, int]:

@@ -410,7 +410,8 @@ class Scheduler:
                 outputs.append(self._finish_unsampled(req, now))
                 continue
             token = ids[i]
-            if req.grammar is not None and not req.grammar.accept(token):
+            if (req.grammar is not None and not req.grammar.accept(token)
+                    and not self._forced_last(req, token)):
                 outputs.append(self._end_dead_grammar(req))
                 continue
             req.output_ids.append(token)
@@ -442,6 +443,12 @@ class Scheduler:
         if batch.beam_groups:
             outputs += self._beam_steps(batch.beam_groups, result, now)
         return outputs
+
+    def _forced_last(self, req: Req, token: int) -> bool:
+        """The model's forced EOS as a request's last token (max_new_tokens): it overrides the
+        grammar, as HF's ForcedEOSTokenLogitsProcessor overrides every other processor."""
+        return (token in self.model_config.forced_eos_token_ids
+                and len(req.output_ids) + 1 >= req.sampling_params.max_new_tokens)
 
     def _end_dead_grammar(self, req: Req) -> TokenOutput:
         """A request whose grammar allows no token of the vocabulary: ended with an error."""
