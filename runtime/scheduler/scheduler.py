@@ -170,8 +170,9 @@ class Scheduler:
             beam_rids=list(tr.beam_rids) if tr.beam_rids else None,
         )
         req.grammar = self.grammars.row(sp)  # compiled (or cached) now: a bad one is refused
-        if sp.is_beam:
-            stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_ids))
+        if sp.is_beam:  # (a grammar's end is an EOS even with ignore_eos: grammar_rows.py)
+            ignored = sp.ignore_eos and req.grammar is None
+            stops = set(sp.stop_token_ids) | (set() if ignored else set(self.eos_ids))
             req.beam = BeamGroup(rows=[req], stop_ids=frozenset(stops),
                                  forced=tr.decoder_forced)
         if req.encoder_input_ids:
