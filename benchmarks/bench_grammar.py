@@ -6,10 +6,11 @@ CPU (tiny random Llama with the real Llama 3 tokenizer):
     python benchmarks/bench_grammar.py --requests 16
 
 The constrained run sends each request a JSON Schema of `tests/json_schemas.py` (every string
-and array bounded); the free run sends the same prompts with `ignore_eos` and as many tokens
-as the constrained outputs had on average. Reported per run: wall seconds per decode forward
-(the step time), the device's busy share of the wall time (`device_busy_seconds`, CUDA events;
-with grammars the overlap schedule is off, docs/grammar.md), the host's wait for the device,
+and array bounded); the free run sends the same prompts with `ignore_eos`, each as many tokens
+as its constrained output had, so both runs have the same batch at every step. Reported per
+run: wall seconds per decode forward (the step time), the device's busy share of the wall time
+(`device_busy_seconds`, CUDA events; with grammars the overlap schedule is off,
+docs/grammar.md), the host's wait for the device,
 decode forwards, and tokens/s; then the ratio of the step times.
 """
 
@@ -24,7 +25,8 @@ from seq2serve import Seq2SeqEngine
 from seq2serve.tests.json_schemas import schemas
 
 
-def _run(engine: Seq2SeqEngine, prompts: list[str], params: list[dict]) -> dict:
+def _run(engine: Seq2SeqEngine, prompts: list[str], params: list[dict]
+         ) -> tuple[dict, list[int]]:
     before = engine.stats()
     start = time.perf_counter()
     outs = engine.generate(prompt=prompts, sampling_params=params)
@@ -41,7 +43,8 @@ def _run(engine: Seq2SeqEngine, prompts: list[str], params: list[dict]) -> dict:
             "step_ms": 1e3 * wall / max(decodes, 1), "tokens_per_s": tokens / wall,
             "device_busy_share": delta("device_busy_seconds") / wall,
             "host_wait_s": delta("host_wait_seconds"),
-            "finish": sorted({o["meta_info"]["finish_reason"]["type"] for o in outs})}
+            "finish": sorted({o["meta_info"]["finish_reason"]["type"] for o in outs})}, [
+        o["meta_info"]["completion_tokens"] for o in outs]
 
 
 def main() -> None:
@@ -68,11 +71,12 @@ def main() -> None:
                     "json_schema": json.dumps(s)} for s in schemas(n)]
     with Seq2SeqEngine(model_path=str(path), device=args.device, **kwargs) as engine:
         _run(engine, prompts[:4], constrained[:4])  # warm-up: compile paths, the vocabulary
-        grammar = _run(engine, prompts, constrained)
-        length = max(1, round(grammar["tokens"] / n))
-        free = [{"max_new_tokens": length, "temperature": 0, "ignore_eos": True}] * n
+        grammar, lengths = _run(engine, prompts, constrained)
+        # each request as many tokens as under its grammar: the same batch at every step
+        free = [{"max_new_tokens": max(1, k), "temperature": 0, "ignore_eos": True}
+                for k in lengths]
         _run(engine, prompts[:4], free[:4])
-        plain = _run(engine, prompts, free)
+        plain, _ = _run(engine, prompts, free)
     result = {"requests": n, "shape": args.shape or "tiny", "grammar": grammar, "free": plain,
               "step_ratio": grammar["step_ms"] / plain["step_ms"]}
     print(json.dumps(result, indent=2))
