@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(pyzmq fastapi starlette uvicorn h11 click anyio sniffio pydantic pydantic_core
       annotated_types annotated_doc typing_inspection httpx httpcore opentelemetry_api
-      httptools uvloop python_multipart sentencex py3langid soundfile soxr cffi pycparser py_spy)
+      httptools uvloop python_multipart sentencex py3langid soundfile soxr cffi pycparser py_spy
+      xgrammar apache_tvm_ffi)
 pins=()
 for p in "${PKGS[@]}"; do
     v=$(.venv/bin/python -m pip show "$p" 2>/dev/null | awk '/^Version:/{print $2}' || true)

@@ -108,13 +108,13 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "pre
 
 
 def gen(name: str | None = None, max_tokens: int = 128, stop: str | list[str] | None = None,
-        temperature: float | None = None, regex: str | None = None, **sampling: Any) -> Gen:
+        temperature: float | None = None, regex: str | None = None,
+        json_schema: str | None = None, **sampling: Any) -> Gen:
     """Generate text into `s[name]`. `temperature` 0 is greedy (unset: the runtime's default,
-    1.0); other sampling parameters by SGLang's names (top_p, top_k, seed, ...). `regex`
-    (constrained decoding) is not supported by the runtime: a ValueError says so."""
-    if regex is not None:
-        raise ValueError("gen(regex=...): constrained decoding is not supported by "
-                         "seq2serve's runtime")
+    1.0); other sampling parameters by SGLang's names (top_p, top_k, seed, ...). `regex` or
+    `json_schema` (a JSON Schema as text) constrain the output (the runtime's grammar
+    backend; a grammar it cannot compile, or the model's vocabulary cannot write, is a
+    ValueError naming it)."""
     unknown = sorted(set(sampling) - set(_SAMPLING))
     if unknown:
         raise ValueError(f"gen: unknown sampling parameter(s) {', '.join(unknown)}")
@@ -123,6 +123,10 @@ def gen(name: str | None = None, max_tokens: int = 128, stop: str | list[str] | 
         params["stop"] = stop
     if temperature is not None:
         params["temperature"] = temperature
+    if regex is not None:
+        params["regex"] = regex
+    if json_schema is not None:
+        params["json_schema"] = json_schema
     return Gen(name, params)
 
 

@@ -65,6 +65,33 @@ def test_greedy_matches_hf_with_the_routed_languages(ckpt, family):
         assert all(pad not in v for v in got.values())
 
 
+@pytest.mark.parametrize("family", ["marian", "mbart"])
+def test_a_regex_holds_on_the_bart_family(ckpt, family):
+    """Grammar-constrained decoding (issue 41) on encoder-decoder models with SentencePiece
+    vocabularies (a piece's word boundary is a space in the text): every output, greedy and
+    with 3 beams, is the regex's (`re.fullmatch` of the detokenized text)."""
+    import re
+
+    path = ckpt[family]
+    tok = load_tokenizer(path)
+    langs = TranslationLanguages.of(tok)
+    source, target = LANGS[family]
+    code = langs.resolve(target)
+    start = ModelConfig.from_path(path).arch.decoder_start_token_id
+    pattern = "[a-z]{2,6}( [a-z]{2,6}){0,3}"
+    sched = make_scheduler(path, page_size=4)
+    for i, text in enumerate(SOURCES[:3]):
+        ids, _ = hf_source_and_forced(path, family, text, source, target)
+        for beams in (1, 3):
+            sched.add_request(request(f"r{i}b{beams}", ids, [start] + langs.forced_tokens(code),
+                                      max_new_tokens=40, num_beams=beams, regex=pattern))
+    got = run_to_completion(sched)
+    assert len(got) == 6
+    for rid, out in got.items():
+        text = tok.decode(out, skip_special_tokens=True)
+        assert re.fullmatch(pattern, text), (rid, text)
+
+
 def _strip(tokens: list[int], stops) -> list[int]:
     end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens) - 1)
     return tokens[:end + 1]

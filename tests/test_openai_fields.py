@@ -182,9 +182,13 @@ CHAT: dict[str, list[tuple]] = {
     "modalities": [(["text"], ok, {}), (["text", "audio"], REFUSED, {})],
     "reasoning_effort": [("none", ok, {}), ("high", REFUSED, {})],
     "verbosity": [("medium", ok, {}), ("low", REFUSED, {})],
+    # the demo T5's vocabulary has no braces: JSON objects are refused, arrays are taken
+    # (test_grammar.py: every kind on a Llama's; below: what the T5 writes)
     "response_format": [({"type": "text"}, ok, {}), ({"type": "json_object"}, REFUSED, {}),
-                        ({"type": "json_schema", "json_schema": {"name": "s", "schema": {}}},
-                         REFUSED, {})],
+                        ({"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                            "type": "array", "items": {"enum": ["seven", "three"]}}}}, ok, {}),
+                        ({"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                            "type": "object"}}}, REFUSED, {})],
     # tool calling: the demo T5 has no tool support (test_tool_calling.py: a Llama 3.x's);
     # "auto" and parallel_tool_calls without tools, and "required", are refused on any model
     "tool_choice": [("none", ok, {}), ("auto", REFUSED, {}), ("required", REFUSED, {})],
@@ -321,8 +325,9 @@ SGLANG_EXTRAS = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "ignore_eo
 def test_sglang_extras_are_taken_and_anything_else_is_refused_by_name(client, model, endpoint):
     r = _send(client, model, endpoint, None, None, {"extra_body": dict(SGLANG_EXTRAS)})
     assert len(r.choices) == 2  # num_return_sequences
-    for name, value, why in (("regex", "[0-9]+", "grammar"), ("ebnf", "root ::= 'a'", "grammar"),
-                             ("json_schema", "{}", "grammar"), ("priority", 1, "first come"),
+    for name, value, why in (("regex", "[0-9", "Unclosed"), ("ebnf", "root ::= a", "not defined"),
+                             ("json_schema", '{"type": "object"}', "vocabulary"),
+                             ("priority", 1, "first come"),
                              ("guided_json", {}, "unknown field"),
                              ("max_token", 3, "unknown field")):
         with pytest.raises(openai.BadRequestError, match=why) as e:
@@ -333,3 +338,25 @@ def test_sglang_extras_are_taken_and_anything_else_is_refused_by_name(client, mo
             client, model, endpoint, "messages", [{**MESSAGES[0], "colour": "red"}], {}))
         _expect_error(REFUSED, "stream_options.colour", lambda: _send(
             client, model, endpoint, "stream_options", {"colour": "red"}, {"stream": True}))
+
+
+SEVENS = {"type": "array", "items": {"enum": ["seven", "three", "zero"]}, "minItems": 1,
+          "maxItems": 3}
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_grammars_on_an_encoder_decoder_model(client, model, endpoint):
+    """The demo T5 under a grammar its vocabulary can write (issue 41): greedy and 4 beams,
+    each output valid (json.loads, jsonschema), and a regex fully matched."""
+    import json
+
+    import jsonschema
+
+    regex = "(seven|three)( and (zero|one)){0,2}"
+    for extra in ({}, {"num_beams": 4}):
+        r = _send(client, model, endpoint, None, None, {"max_tokens": 40, "extra_body": {
+            "json_schema": json.dumps(SEVENS), **extra}})
+        jsonschema.validate(json.loads(text_of(r)), SEVENS)
+        r = _send(client, model, endpoint, None, None, {"max_tokens": 40, "extra_body": {
+            "regex": regex, **extra}})
+        assert re.fullmatch(regex, text_of(r)), text_of(r)

@@ -6,6 +6,7 @@ the heads are refused with a message naming them; a rank that dies takes the ser
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -22,6 +23,7 @@ from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
 from seq2serve.tests.server_helpers import ServerProcess
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+REGEX = "[a-z]{2,5}-[0-9]{2,4}( [a-z]{1,4}){0,2}"
 SEEDED = {"max_new_tokens": 8, "temperature": 1.5, "top_p": 0.95, "seed": 7, "ignore_eos": True}
 # 6 heads (3 a rank), gated and plain feed-forward, tied and untied heads; an odd vocabulary
 # (the last rank's embedding rows are padding)
@@ -124,7 +126,14 @@ def test_llama_gqa_tp2_matches_hf_with_a_cached_prefix(tmp_path):
         # books), written into every rank's table row
         again = engine.generate(input_ids=ids[2], sampling_params=GREEDY)
         assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == refs[2]
+        # a grammar request under tensor parallelism (issue 41): the tokens of one process
+        constrained = {"max_new_tokens": 30, "temperature": 0, "regex": REGEX}
+        tp2 = engine.generate(input_ids=ids[:2], sampling_params=constrained)
         engine.check_integrity()
+    with Seq2SeqEngine(model_path=path, page_size=4, **POOLS) as engine:
+        tp1 = engine.generate(input_ids=ids[:2], sampling_params=constrained)
+    assert [o["output_ids"] for o in tp2] == [o["output_ids"] for o in tp1]
+    assert all(re.fullmatch(REGEX, o["text"]) for o in tp2), [o["text"] for o in tp2]
 
 
 @pytest.fixture(scope="module")

@@ -174,9 +174,13 @@ def test_streamed_content_with_tools_is_the_whole_answer(client):
 
 
 REFUSALS = [
-    ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
-    ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, "tool_choice",
-     "constrained decoding"),
+    ({"tool_choice": "required"}, None, None),  # taken (a forced call, below)
+    ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, None, None),
+    ({"tool_choice": {"type": "function", "function": {"name": "sing"}}},
+     "tool_choice.function.name", "not one of the tools"),
+    ({"tool_choice": {"type": "function", "name": "search"}}, "tool_choice", '"required" or'),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot be combined with response_format"),
     ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}},
      "tool_choice", "send only the allowed tools"),
     ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools.0.type", "custom"),
@@ -191,7 +195,7 @@ REFUSALS = [
     ({"tools": [{"type": "function", "function": {"name": "f", "colour": "red"}}]},
      "tools.0.function.colour", "unknown field"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
-     "tools.0.function.strict", "constrained decoding"),
+     "tools.0.function.strict", 'tool_choice "required"'),
     ({"tools": [SEARCH, SEARCH]}, "tools.1.function.name", "two tools"),
     ({"tools": [], "tool_choice": "auto"}, "tool_choice", "only allowed with tools"),
     ({"tools": [], "parallel_tool_calls": False}, "parallel_tool_calls", "only allowed with tools"),
@@ -222,6 +226,77 @@ def test_tool_fields_are_checked_by_name(server, fields, param, why):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and why in error["message"], error
+
+
+# --- calls forced by the grammar, through the openai client's tool-calling flow ----------
+# the arguments are bounded: a random model never closes a free string on its own
+BOOK = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a table.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]},
+        "people": {"type": "integer", "minimum": 1, "maximum": 12},
+        "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}},
+        "required": ["city", "people", "time"]}}}
+NOTE = {"type": "function", "function": {
+    "name": "note", "parameters": {"type": "object", "properties": {
+        "text": {"type": "string", "maxLength": 10}}, "required": ["text"]}}}
+FORCED = [BOOK, NOTE]
+
+
+def _assert_call(call, tools) -> None:
+    import jsonschema
+
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    assert call.type == "function" and call.function.name in schema
+    jsonschema.validate(json.loads(call.function.arguments, strict=False),
+                        schema[call.function.name])
+
+
+@pytest.mark.parametrize("choice, names", [
+    ("required", {"book_table", "note"}),
+    ({"type": "function", "function": {"name": "note"}}, {"note"}),
+])
+def test_a_forced_call_goes_through_the_clients_tool_flow(server, client, tok, choice, names):
+    kwargs = {"model": "tools", "messages": ASK, "tools": FORCED, "tool_choice": choice,
+              "max_tokens": 200, "temperature": 0}
+    r = client.chat.completions.create(**kwargs)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert len(message.tool_calls) == 1 and message.tool_calls[0].function.name in names
+    _assert_call(message.tool_calls[0], FORCED)
+    # streamed, the openai package's accumulator rebuilds the same call
+    with client.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments, strict=False))
+            for c in streamed] == [(c.function.name, json.loads(c.function.arguments,
+                                                                  strict=False))
+                                   for c in message.tool_calls]
+    # the client sends the call back with its result; the model answers (not forced now) to
+    # exactly the prompt HF's template makes of the conversation
+    call = message.tool_calls[0]
+    follow = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+              {"role": "tool", "tool_call_id": call.id, "content": '{"ok": true}'}]
+    hf = [*ASK, {"role": "assistant", "tool_calls": [
+        {**call.model_dump(), "function": {"name": call.function.name, "arguments": json.loads(
+            call.function.arguments, strict=False)}}]}, follow[-1]]
+    assert_prompt_is(server, tok, chat(client, follow, tools=FORCED), hf_ids(tok, hf, FORCED))
+
+
+def test_forced_calls_with_beams_and_samples(client):
+    r = client.chat.completions.create(model="tools", messages=ASK, tools=FORCED,
+                                       tool_choice="required", max_tokens=200, temperature=1,
+                                       n=3, seed=11)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
+        _assert_call(c.message.tool_calls[0], FORCED)
+    r = client.chat.completions.create(model="tools", messages=ASK, tools=FORCED,
+                                       tool_choice={"type": "function",
+                                                    "function": {"name": "book_table"}},
+                                       max_tokens=200, temperature=0,
+                                       extra_body={"num_beams": 4})
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["book_table"]
+    _assert_call(r.choices[0].message.tool_calls[0], FORCED)
 
 
 # --- the answer, one layer below HTTP --------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any
 
 _DISABLED_TOP_K = -1
 MAX_BEAMS = 32
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
 
 
 @dataclass
@@ -32,6 +33,11 @@ class SamplingParams:
     length_penalty: float = 1.0  # finished score = sum of log-probs / length ** length_penalty
     early_stopping: bool | str = False  # True, False or "never" (HF's meaning)
     no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice (any decoding)
+    # grammar-constrained decoding (SGLang's names; at most one): a JSON Schema as text, a
+    # regular expression, an EBNF grammar (runtime/grammar/)
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -85,6 +91,15 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         self._validate_beams()
+        self._validate_grammar()
+
+    def _validate_grammar(self) -> None:
+        given = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
+        for name in given:
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string")
+        if len(given) > 1:
+            raise ValueError(f"only one grammar per request: {', '.join(given)} were given")
 
     def _validate_beams(self) -> None:
         _int("num_beams", self.num_beams, lo=1, hi=MAX_BEAMS)
@@ -114,6 +129,14 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, text) of the request's grammar, if it has one."""
+        for name in GRAMMAR_KINDS:
+            if getattr(self, name) is not None:
+                return name, getattr(self, name)
+        return None
 
     @property
     def is_beam(self) -> bool:

@@ -1,7 +1,7 @@
-"""Turns logits into next tokens: penalties, temperature, top-k / top-p / min-p
-(token_filter.py), and sampling that is reproducible per request when seeded (seeded_race.py:
-the noise depends on the seed, the step and the token's index only, never on the batch the
-request happens to share)."""
+"""Turns logits into next tokens: penalties, bans, grammar masks (runtime/grammar/bitmask.py),
+temperature, top-k / top-p / min-p (token_filter.py), and sampling that is reproducible per
+request when seeded (seeded_race.py: the noise depends on the seed, the step and the token's
+index only, never on the batch the request happens to share)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from seq2serve.runtime.executor.beam_step import choose_beams
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.seeded_race import race
 from seq2serve.runtime.executor.token_filter import filter_probs
+from seq2serve.runtime.grammar.bitmask import apply_bitmask
 
 
 @dataclass
@@ -122,13 +123,16 @@ class Sampler:
             r = sb.beam_rows
             head = torch.log_softmax(logits[:r], dim=-1)
             logits = torch.cat([head, logits[r:]]) if r < logits.shape[0] else head
-        elif logits is model_logits and self.suppressed is not None:
+        elif logits is model_logits and (self.suppressed is not None
+                                         or sb.grammar_rows is not None):
             logits = logits.clone()  # the step output keeps the model's logits as they were
         self.suppress(logits)
         if sb.penalty_ids is not None:
             logits = _apply_penalties(logits, sb)
         if sb.banned_rows is not None:
             logits[sb.banned_rows, sb.banned_cols] = float("-inf")
+        if sb.grammar_rows is not None:  # each grammar row's allowed tokens only
+            apply_bitmask(logits, sb.grammar_rows, sb.grammar_mask)
         if sb.forced_rows is not None:  # HF's ForcedEOSTokenLogitsProcessor, applied last
             logits[sb.forced_rows] = float("-inf")
             logits[sb.forced_rows[:, None], sb.forced_ids[None, :]] = 0.0

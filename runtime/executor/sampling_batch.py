@@ -63,6 +63,12 @@ class SamplingBatch:
     filtered: torch.Tensor | None = None
     filter_width: int | None = None
     seeded: bool = False  # a sampled row has a seed (its draws must be the keys')
+    # grammar rows (runtime/grammar/): their batch rows (host ints) and the packed token
+    # bitmask [B, ceil(vocab / 32)] int32 (only their rows read), filled on the host from each
+    # row's matcher before the launch; disallowed tokens get -inf before any choice (beam
+    # rows: in log-probs)
+    grammar_rows: list[int] | None = None
+    grammar_mask: torch.Tensor | None = None
 
     @classmethod
     def beam_layout(cls, scores: list[float] | torch.Tensor, buckets: list[tuple[int, int, int]],
@@ -78,14 +84,16 @@ class SamplingBatch:
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
                   device: str, pending: int | list[int] = 0,
                   beams: dict | None = None, forced_eos: tuple[int, ...] = (),
-                  begin_suppressed: tuple[int, ...] = ()) -> SamplingBatch:
+                  begin_suppressed: tuple[int, ...] = (),
+                  grammar: tuple[list[int], torch.Tensor] | None = None) -> SamplingBatch:
         """`pending`: tokens each request (or, a list, each row) has generated that the host
         has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
         is on the host); they count for seeds and min_new_tokens.
         `beams`: `beam_layout(...)` when the batch has beam search rows. `forced_eos`: the
         model's forced_eos_token_id(s), forced on a row's last token. `begin_suppressed`:
         tokens banned as a row's first generated token (HF's
-        SuppressTokensAtBeginLogitsProcessor: Whisper's begin_suppress_tokens)."""
+        SuppressTokensAtBeginLogitsProcessor: Whisper's begin_suppress_tokens). `grammar`: the
+        grammar rows and their host bitmask (`grammar_rows`, `grammar_mask`)."""
         sps = [r.sampling_params for r in reqs]
         pend = pending if isinstance(pending, list) else [pending] * len(reqs)
 
@@ -154,6 +162,8 @@ class SamplingBatch:
             if forced else None,
             want_logprobs=any(r.return_logprob for r in reqs),
             top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
+            grammar_rows=list(grammar[0]) if grammar else None,
+            grammar_mask=grammar[1].to(device, non_blocking=True) if grammar else None,
             **(beams or {}),
         )
 

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from seq2serve.runtime.frontend.generate_request import invalid_text
-from seq2serve.runtime.frontend.refused_fields import FUNCTIONS, GRAMMAR, TOOL_CHOICE, Refused
+from seq2serve.runtime.frontend.refused_fields import FUNCTIONS, STRICT, TOOL_CHOICE, Refused
 
 Stop = str | list[str] | None
 Language = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -58,6 +58,32 @@ class SGLangExtras(_Body):
     no_repeat_ngram_size: int | None = None
 
 
+class JsonSchemaFormat(_Body):
+    """OpenAI's `response_format.json_schema`. The schema is enforced by the grammar whatever
+    `strict` says (OpenAI's strict mode: properties not named are not written); without a
+    schema, any JSON object."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's `response_format`: text, any JSON object, or a JSON Schema's objects
+    (`frontend/response_format.py` turns it into the request's grammar)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema is given exactly when type is "json_schema"')
+        return self
+
+
 class StreamOptions(_Body):
     REFUSED: ClassVar[dict[str, Refused]] = {
         "include_obfuscation": Refused("streamed events carry no obfuscation padding here",
@@ -74,10 +100,7 @@ class _OpenAISampling(SGLangExtras):
 
     REFUSED: ClassVar[dict[str, Refused]] = {
         "logit_bias": Refused("the sampler has no per-token bias yet", (None, {})),
-        "response_format": Refused(GRAMMAR + '; only {"type": "text"}',
-                                   (None, {"type": "text"})),
-        # SGLang's grammar fields, and SGLang's and vLLM's admission priority
-        "regex": Refused(GRAMMAR), "ebnf": Refused(GRAMMAR), "json_schema": Refused(GRAMMAR),
+        # SGLang's and vLLM's admission priority
         "priority": Refused("the scheduler admits requests first come, first served (it has no "
                             "priority policy)"),
     }
@@ -93,12 +116,14 @@ class _OpenAISampling(SGLangExtras):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     user: str | None = None
+    # grammars (at most one): OpenAI's response_format, SGLang's extra fields (a JSON Schema
+    # as text or an object, a regular expression, an EBNF grammar)
+    response_format: ResponseFormat | None = None
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
     # refused by name (REFUSED)
     logit_bias: dict[str, float] | None = None
-    response_format: Any = None
-    regex: Any = None
-    ebnf: Any = None
-    json_schema: Any = None
     priority: Any = None
 
 
@@ -161,7 +186,7 @@ class ChatMessage(_Body):
 
 class FunctionDefinition(_Body):
     REFUSED: ClassVar[dict[str, Refused]] = {
-        "strict": Refused("a strict schema needs constrained decoding: " + GRAMMAR, (None, False)),
+        "strict": Refused(STRICT, (None, False)),
     }
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: str | None = None
@@ -202,7 +227,9 @@ class ChatCompletionRequest(_OpenAISampling):
 
     REFUSED: ClassVar[dict[str, Refused]] = {
         **_OpenAISampling.REFUSED,
-        "tool_choice": Refused(TOOL_CHOICE, (None, "none", "auto")),
+        "tool_choice": Refused(TOOL_CHOICE, lambda value, body: value in (
+            None, "none", "auto", "required") or (isinstance(value, dict)
+                                                  and value.get("type") == "function")),
         "functions": Refused(FUNCTIONS, (None, [])),
         "function_call": Refused(FUNCTIONS + '; only "none"', (None, "none")),
         "audio": Refused("these models make no audio"),
@@ -232,7 +259,8 @@ class ChatCompletionRequest(_OpenAISampling):
     metadata: dict[str, str] | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    # tools: for a Llama 3.x chat model (tool_use.py); tool_choice "auto" or "none" (REFUSED)
+    # tools: for a Llama 3.x chat model (tool_use.py); tool_choice "required" and a named
+    # function force a call with a grammar
     tools: list[FunctionTool] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

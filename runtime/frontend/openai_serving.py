@@ -5,11 +5,12 @@ shapes the results (whole, or as server-sent events ending with `data: [DONE]`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import Request
@@ -25,6 +26,11 @@ from seq2serve.runtime.frontend.openai_protocol import (
 )
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.refused_fields import first_refusal
+from seq2serve.runtime.frontend.response_format import (
+    GrammarFieldError,
+    grammar_fields,
+    is_grammar_error,
+)
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
 from seq2serve.runtime.frontend.tool_calls import ToolCallStream, message_of
 from seq2serve.runtime.frontend.tool_use import ToolRequestError, ToolUse, tool_use
@@ -126,6 +132,25 @@ class OpenAIServing:
         return {k: v for k, v in fields.items() if v is not None}
 
     @staticmethod
+    def grammar(body) -> tuple[dict[str, str], str | None]:
+        """The request's grammar as a sampling parameter, and the field it came from."""
+        try:
+            return grammar_fields(body)
+        except GrammarFieldError as e:
+            raise RequestError(str(e), param=e.param) from None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def grammar_errors(param: str | None) -> Iterator[None]:
+        """The scheduler's refusal of a grammar as a 400 naming the field it came from."""
+        try:
+            yield
+        except ValueError as e:
+            if param is None or isinstance(e, RequestError) or not is_grammar_error(e):
+                raise
+            raise RequestError(str(e), param=param) from None
+
+    @staticmethod
     def check_beams(body, logprobs: bool) -> None:
         """Refuse what a beam search cannot give, naming the OpenAI field."""
         if (body.num_beams or 1) > 1:
@@ -189,14 +214,18 @@ class OpenAIServing:
         is_ids = isinstance(prompt, list) and isinstance(prompt[0], (int, list))
         logprobs = body.logprobs is not None
         self.check_beams(body, logprobs)
+        grammar, grammar_param = self.grammar(body)
         obj = GenerateReqInput(
             text=None if is_ids else prompt, input_ids=prompt if is_ids else None,
-            sampling_params=self.sampling(body, body.max_tokens), stream=body.stream,
-            return_logprob=logprobs, top_logprobs_num=body.logprobs or 0, user=body.user)
+            sampling_params={**self.sampling(body, body.max_tokens), **grammar},
+            stream=body.stream, return_logprob=logprobs, top_logprobs_num=body.logprobs or 0,
+            user=body.user)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return await self._stream_completions(obj, body, rid, created, logprobs)
-        results = await self.collect(obj, request)
+            with self.grammar_errors(grammar_param):
+                return await self._stream_completions(obj, body, rid, created, logprobs)
+        with self.grammar_errors(grammar_param):
+            results = await self.collect(obj, request)
         choices = [{"index": i, "text": r["text"],
                     "logprobs": self._completion_logprobs(r) if logprobs else None,
                     "finish_reason": _finish(r["meta_info"]["finish_reason"])}
@@ -272,15 +301,24 @@ class OpenAIServing:
         except ToolRequestError as e:
             raise RequestError(str(e), param=e.param) from None
         max_tokens = body.max_completion_tokens or body.max_tokens
+        grammar, grammar_param = self.grammar(body)
+        if tools.forced_schema is not None:  # tool_choice required or named: a forced call
+            if grammar:
+                raise RequestError(f"tool_choice {body.tool_choice!r} forces a call, which "
+                                   f"cannot be combined with {grammar_param}",
+                                   param="tool_choice")
+            grammar, grammar_param = {"json_schema": tools.forced_schema}, "tool_choice"
         obj = GenerateReqInput(text=prompt.get("text"), input_ids=prompt.get("input_ids"),
                                image_data=prompt.get("image_data") or None,
-                               sampling_params=self.sampling(body, max_tokens),
+                               sampling_params={**self.sampling(body, max_tokens), **grammar},
                                stream=body.stream, return_logprob=body.logprobs,
                                top_logprobs_num=body.top_logprobs or 0, user=body.user)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return await self._stream_chat(obj, body, rid, created, tools)
-        results = await self.collect(obj, request)
+            with self.grammar_errors(grammar_param):
+                return await self._stream_chat(obj, body, rid, created, tools)
+        with self.grammar_errors(grammar_param):
+            results = await self.collect(obj, request)
         outs = [tools.read(r["text"], _finish(r["meta_info"]["finish_reason"])) for r in results]
         choices = [{"index": i, "message": message_of(out),
                     "logprobs": {"content": self._chat_logprobs(

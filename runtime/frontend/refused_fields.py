@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-GRAMMAR = ("constrained decoding (JSON mode, JSON schemas, regexes, grammars) is not "
-           "implemented yet: the grammar backend is future work (issue 41)")
-TOOL_CHOICE = ('only "auto" and "none": "required" and a named function need constrained '
-               "decoding, which is not supported yet (the grammar backend is future work, "
-               "issue 41); for allowed_tools, send only the allowed tools")
+TOOL_CHOICE = ('"auto", "none", "required" or a named function ({"type": "function", '
+               '"function": {"name": ...}}); for allowed_tools, send only the allowed tools')
+STRICT = ("the arguments of a call the model chooses to make (tool_choice \"auto\") are not "
+          "constrained; force the call with tool_choice \"required\" or a named function, and "
+          "its arguments follow the tool's schema")
 FUNCTIONS = ("the deprecated functions API is not implemented: send tools and tool_choice "
              "instead")
 

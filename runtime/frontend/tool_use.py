@@ -9,7 +9,10 @@ probe. The output is then read in Llama 3's JSON call format (`tool_calls.py`).
 - `tool_choice` "auto" (the default with tools): the tools go to the template and calls are
   read from the output. "none": the request's tools are checked but not shown to the model
   (Llama 3.1's template would tell it to answer with a call) and nothing is read as a call.
-  "required" and a named function need constrained decoding: refused (`refused_fields.py`).
+  "required" and a named function (`{"type": "function", "function": {"name": ...}}`) force
+  one call: the output is constrained by a JSON Schema of Llama 3's call object,
+  `{"name": <one of the tools>, "parameters": <that tool's parameters schema>}`, then the end
+  of turn (`forced_schema`, the request's `json_schema` grammar; `runtime/grammar/`).
 - `parallel_tool_calls` false: the first of several calls is kept (the model is not
   constrained to make one).
 - A message's `tool_calls` go to the template with their arguments as objects (HF's
@@ -50,6 +53,7 @@ class ToolUse:
     tools: list[dict[str, Any]] | None  # what the template gets (None: no tools shown)
     names: frozenset[str]  # the tools whose calls are read from the output (empty: no reading)
     first_only: bool = False  # parallel_tool_calls false
+    forced_schema: str | None = None  # tool_choice required / named: the call's JSON Schema
 
     @property
     def reads_calls(self) -> bool:
@@ -89,7 +93,41 @@ def tool_use(body: ChatCompletionRequest, tokenizer, architecture: str) -> ToolU
     if not asks:
         return ToolUse(messages, None, frozenset())
     shown = [t.model_dump(exclude_none=True, exclude={"function": {"strict"}}) for t in tools]
-    return ToolUse(messages, shown, frozenset(seen), body.parallel_tool_calls is False)
+    forced = _forced_tools(body.tool_choice, tools)
+    return ToolUse(messages, shown, frozenset(seen), body.parallel_tool_calls is False,
+                   call_schema(forced) if forced else None)
+
+
+def _forced_tools(choice: Any, tools: list) -> list | None:
+    """The tools one of which must be called ("required": any; a named function: it), or
+    None when the model chooses ("auto")."""
+    if choice == "required":
+        return list(tools)
+    if not isinstance(choice, dict):
+        return None
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or set(choice) != {"type", "function"} or set(function) != {
+            "name"}:
+        raise ToolRequestError('tool_choice must be "auto", "none", "required" or {"type": '
+                               '"function", "function": {"name": ...}}', "tool_choice")
+    named = [t for t in tools if t.function.name == name]
+    if not named:
+        raise ToolRequestError(f"tool_choice names {name!r}, which is not one of the tools",
+                               "tool_choice.function.name")
+    return named
+
+
+def call_schema(tools: list) -> str:
+    """A JSON Schema of one Llama 3 call of one of `tools` (properties in the format's order:
+    the grammar writes "name" first)."""
+    branches = [{"type": "object",
+                 "properties": {"name": {"const": t.function.name},
+                                "parameters": t.function.parameters
+                                or {"type": "object", "properties": {}}},
+                 "required": ["name", "parameters"], "additionalProperties": False}
+                for t in tools]
+    return json.dumps(branches[0] if len(branches) == 1 else {"anyOf": branches})
 
 
 def _template_message(m: ChatMessage, i: int, lacking: str | None,

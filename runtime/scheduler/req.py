@@ -73,6 +73,7 @@ class Req:
     num_retractions: int = 0
     fair_tag: int = 0  # admission order across callers (policy.FairPolicy)
     beam: Any = None  # beam search: the BeamGroup this row belongs to (beam_search.py)
+    grammar: Any = None  # its RowGrammar (runtime/grammar/matcher.py) with a grammar
     announced: bool = False  # its detokenizer settings went out with its first output
     # stop strings: the text's last (longest stop - 1) characters, as of `stop_tail_at` tokens
     stop_tail: str = ""
@@ -85,8 +86,9 @@ class Req:
     def __post_init__(self) -> None:
         sp = self.sampling_params
         # fixed for the request's life; the scheduler checks them every step. Penalties, n-gram
-        # bans and beam search read every generated token: no step can run ahead of the host
-        self.reads_history = sp.has_penalties or sp.no_repeat_ngram_size > 0
+        # bans and grammars read every generated token: no step can run ahead of the host
+        self.reads_history = (sp.has_penalties or sp.no_repeat_ngram_size > 0
+                              or sp.grammar is not None)
         self.plain_greedy = (sp.is_greedy and not sp.is_beam and not self.reads_history
                              and not self.return_logprob)
 

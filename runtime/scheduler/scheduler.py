@@ -35,6 +35,12 @@ from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
 from seq2serve.runtime.messages.model_limits import ModelLimits
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.grammar_rows import (
+    DEAD_END,
+    Grammars,
+    beam_grammars,
+    set_beam_grammars,
+)
 from seq2serve.runtime.scheduler.policy import FairPolicy
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import FinishReason, Req
@@ -132,6 +138,7 @@ class Scheduler:
                                      forced_eos=model_config.forced_eos_token_ids,
                                      begin_suppressed=model_config.begin_suppressed_token_ids)
         self.notices: list[TokenOutput] = []  # requests refused at admission
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids)
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -162,8 +169,10 @@ class Scheduler:
             encoder_inputs=list(tr.encoder_inputs), cross_spans=tr.cross_spans, user=tr.user,
             beam_rids=list(tr.beam_rids) if tr.beam_rids else None,
         )
-        if sp.is_beam:
-            stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_ids))
+        req.grammar = self.grammars.row(sp)  # compiled (or cached) now: a bad one is refused
+        if sp.is_beam:  # (a grammar's end is an EOS even with ignore_eos: grammar_rows.py)
+            ignored = sp.ignore_eos and req.grammar is None
+            stops = set(sp.stop_token_ids) | (set() if ignored else set(self.eos_ids))
             req.beam = BeamGroup(rows=[req], stop_ids=frozenset(stops),
                                  forced=tr.decoder_forced)
         if req.encoder_input_ids:
@@ -361,6 +370,8 @@ class Scheduler:
             group.reset()
             victim = group.rows[0]
             victim.output_ids = []
+            if victim.grammar is not None:  # (its matcher followed the beam it ran)
+                victim.grammar.reset()
         else:
             self.running.remove(victim)
             self.memory.release(victim, keep_cross=True)
@@ -400,6 +411,10 @@ class Scheduler:
                 outputs.append(self._finish_unsampled(req, now))
                 continue
             token = ids[i]
+            if (req.grammar is not None and not req.grammar.accept(token)
+                    and not self._forced_last(req, token)):
+                outputs.append(self._end_dead_grammar(req))
+                continue
             req.output_ids.append(token)
             if req.first_token_time is None:
                 req.first_token_time = now
@@ -411,6 +426,8 @@ class Scheduler:
                     top = [result.top[i][: req.top_logprobs_num]]
                     req.output_top_logprobs += top
             req.check_finished(self.eos_ids, self._decode_tail)
+            if not req.finished and req.grammar is not None and req.grammar.terminated:
+                req.finished_reason = FinishReason("stop")  # the grammar is complete
             if req.finished:
                 req.finish_time = now
                 kv_bytes = self._kv_bytes(req, len(req.kv_pages))
@@ -427,6 +444,22 @@ class Scheduler:
         if batch.beam_groups:
             outputs += self._beam_steps(batch.beam_groups, result, now)
         return outputs
+
+    def _forced_last(self, req: Req, token: int) -> bool:
+        """The model's forced EOS as a request's last token (max_new_tokens): it overrides the
+        grammar, as HF's ForcedEOSTokenLogitsProcessor overrides every other processor."""
+        return (token in self.model_config.forced_eos_token_ids
+                and len(req.output_ids) + 1 >= req.sampling_params.max_new_tokens)
+
+    def _end_dead_grammar(self, req: Req) -> TokenOutput:
+        """A request whose grammar allows no token of the vocabulary: ended with an error."""
+        req.finished_reason = FinishReason("abort", message=DEAD_END)
+        self.memory.release(req)
+        if req in self.running:
+            self.running.remove(req)
+        out = self._output(req, [])
+        out.error = DEAD_END
+        return out
 
     def _finish_unsampled(self, req: Req, now: float) -> TokenOutput:
         """A request with max_new_tokens 0 after its extend (its input scored, if asked)."""
@@ -463,13 +496,17 @@ class Scheduler:
                     if parents[row:row + n] != [row + p for p, _ in choices]:
                         raise AssertionError(f"beam request {head.rid}: the device chose other "
                                              f"beams than the host's rules")
+                    grammars = beam_grammars(g, choices)
                     self.memory.follow_beams(g, choices, len(head.fill_ids))
+                    set_beam_grammars(g, grammars)
             start, row = end, row + n
+        grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
-        for g, _ in first_steps:
+        for (g, _), grammar in zip(first_steps, grammars):
             if g in failed:
                 self._retract(g.rows[0])  # no room to copy the pages the beams now write
             else:  # (the head joins the running batch with the other admitted requests)
+                set_beam_grammars(g, grammar)
                 self.running += g.rows[1:]
         return outputs
 
@@ -549,6 +586,7 @@ class Scheduler:
             # per forward mode (extend, decode, encode): forwards run, largest batch
             "forwards_by_mode": dict(self.forwards), "max_batch_by_mode": dict(self.max_batch),
             "retractions": self.num_retractions,
+            **self.grammars.stats(),
             "host_wait_seconds": self.wait_seconds,
             "device_busy_seconds": self.device_seconds,
             **self.memory.usage(),

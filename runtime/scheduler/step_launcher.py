@@ -19,6 +19,7 @@ from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.grammar_rows import grammar_masks
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
@@ -69,10 +70,14 @@ class StepLauncher:
                    for r, p in zip(rows.reqs, pending)):
             beams = (self._beam_layout(rows.groups, mode, prev, order) if rows.groups
                      else None)
+            grammar = grammar_masks(rows.reqs, self.vocab_size)
+            assert grammar is None or not any(pending[i] for i in grammar[0]), \
+                "a grammar row's mask needs its last token: it never runs ahead of the host"
             sampling = SamplingBatch.from_reqs(rows.reqs, self.vocab_size, self.eos_ids,
                                                self.device, pending=pending, beams=beams,
                                                forced_eos=self.forced_eos,
-                                               begin_suppressed=self.begin_suppressed)
+                                               begin_suppressed=self.begin_suppressed,
+                                               grammar=grammar)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling)
         else:

@@ -1,0 +1,110 @@
+"""`GrammarCache`: a request's grammar compiled against the model's vocabulary, cached by its
+text, and a fresh matcher for each request row.
+
+Kinds, by SGLang's names: `json_schema` (a JSON Schema as text; OpenAI's `json_object` is the
+schema of any object), `regex`, `ebnf` (xgrammar's EBNF, root rule `root`). JSON is written
+without free whitespace (xgrammar's `any_whitespace=False`: `", "` and `": "` only): with any
+amount allowed, a weak or random model loops in whitespace until its token limit. Compiling is
+milliseconds for most schemas; the first grammar of a process also reads the vocabulary
+(~0.7 s for Llama 3's 128k tokens). Bad input is a ValueError naming the problem (the
+frontend's 400).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from seq2serve.runtime.grammar.expressible import missing_chars
+from seq2serve.runtime.grammar.matcher import RowGrammar
+from seq2serve.runtime.grammar.vocabulary import token_bytes, tokenizer_info, vocabulary_chars
+
+KINDS = ("json_schema", "regex", "ebnf")
+MAX_GRAMMAR_CHARS = 100_000
+_LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
+
+
+class GrammarCache:
+    """Compiled grammars by (kind, text), least recently used dropped past `capacity`.
+    Lives in the scheduler process (the matchers are the scheduler's)."""
+
+    def __init__(self, tokenizer, vocab_size: int, capacity: int = 256) -> None:
+        self.pieces = token_bytes(tokenizer, vocab_size)
+        self.vocab_size = vocab_size
+        self.chars = vocabulary_chars(self.pieces)
+        self.compiler = xgr.GrammarCompiler(tokenizer_info(self.pieces), max_threads=1,
+                                            cache_enabled=False)
+        self.capacity = capacity
+        self._compiled: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def compiled(self, kind: str, text: str) -> xgr.CompiledGrammar:
+        key = (kind, text)
+        found = self._compiled.get(key)
+        if found is not None:
+            self.hits += 1
+            self._compiled.move_to_end(key)
+            return found
+        self.misses += 1
+        grammar = self._compile(kind, text)
+        self._compiled[key] = grammar
+        if len(self._compiled) > self.capacity:
+            self._compiled.popitem(last=False)
+        return grammar
+
+    def matcher(self, kind: str, text: str, stop_ids: tuple[int, ...]) -> RowGrammar:
+        """A new request row's matcher; ValueError if the grammar is bad or the model's
+        vocabulary cannot start it."""
+        try:
+            m = RowGrammar(self.compiled(kind, text), stop_ids)
+        except RuntimeError as e:  # the backend's own checks
+            raise ValueError(f"{kind}: {_reason(e)}") from None
+        mask = torch.zeros(1, xgr.get_bitmask_shape(1, self.vocab_size)[1], dtype=torch.int32)
+        m.fill(mask, 0)
+        if not m.terminated and not mask.any():
+            raise ValueError(f"{kind}: no token of this model's vocabulary can begin an output "
+                             f"the grammar allows")
+        return m
+
+    def _compile(self, kind: str, text: str) -> xgr.CompiledGrammar:
+        if kind not in KINDS:
+            raise ValueError(f"unknown grammar kind {kind!r}; one of {', '.join(KINDS)}")
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{kind} must be a non-empty string")
+        if len(text) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"{kind} is {len(text)} characters, over {MAX_GRAMMAR_CHARS}")
+        if kind == "json_schema":
+            self._check_schema(text)
+        try:
+            if kind == "json_schema":
+                return self.compiler.compile_json_schema(text, any_whitespace=False)
+            if kind == "regex":
+                return self.compiler.compile_regex(text)
+            return self.compiler.compile_grammar(text)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise ValueError(f"{kind} is not valid: {_reason(e)}") from None
+
+    def _check_schema(self, text: str) -> None:
+        try:
+            schema: Any = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"json_schema is not JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("json_schema must be a JSON Schema (an object)")
+        missing = missing_chars(schema, self.chars)
+        if missing:
+            raise ValueError(
+                f"json_schema cannot be written with this model's vocabulary: every valid "
+                f"output contains {' '.join(repr(c) for c in missing)}, which no token "
+                f"contains (arrays, enums and regexes without those characters can be)")
+
+
+def _reason(e: Exception) -> str:
+    """xgrammar's message without its time and source location ("[07:44:55] /x/y.cc:83: ")."""
+    lines = str(e).strip().splitlines()
+    return _LOCATION.sub("", lines[0]) if lines else type(e).__name__
