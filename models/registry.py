@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+from seq2serve.models.family import ModelFamily
+
 _MODELS: dict[str, tuple[str, str]] = {
     "T5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "MT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
@@ -45,6 +47,9 @@ def architecture_of(hf_config: dict) -> str:
     )
 
 
-def model_class(architecture: str) -> type:
+def model_class(architecture: str) -> type[ModelFamily]:
     module_name, class_name = _MODELS[architecture]
-    return getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not issubclass(cls, ModelFamily):
+        raise TypeError(f"{module_name}.{class_name} is not a ModelFamily (models/family.py)")
+    return cls

@@ -22,6 +22,7 @@ from seq2serve.models.attention import Attention
 from seq2serve.models.bart.config import BartConfig
 from seq2serve.models.bart.positions import PositionTable
 from seq2serve.models.bart.weights import hf_to_param, load_priority
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.mlp import MLP
 from seq2serve.models.norm import LayerNorm
@@ -116,7 +117,7 @@ class BartDecoderLayer(nn.Module):
         return residual(self.ff_norm, x, self.ff, self.pre_norm)
 
 
-class BartForConditionalGeneration(nn.Module):
+class BartForConditionalGeneration(ModelFamily):
     """Marian's MarianMTModel, M2M100ForConditionalGeneration and
     MBartForConditionalGeneration, by `cfg.family`."""
 
@@ -189,10 +190,8 @@ class BartForConditionalGeneration(nn.Module):
     def tie_missing(self, missing: set[str]) -> set[str]:
         """lm_head tied to the decoder's embedding when the checkpoint has none and the config
         allows; a checkpoint without final_logits_bias has a zero one (HF's default)."""
-        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
-            embed = self.shared if self.decoder_embed is None else self.decoder_embed
-            self.lm_head.weight = embed.weight
-            missing = missing - {"lm_head.weight"}
+        embed = self.shared if self.decoder_embed is None else self.decoder_embed
+        missing = self.tie_lm_head(missing, embed, self.cfg.tie_word_embeddings)
         if "final_logits_bias" in missing:
             with torch.no_grad():
                 self.final_logits_bias.zero_()

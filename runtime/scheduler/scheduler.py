@@ -106,7 +106,7 @@ class Scheduler:
         arch = model_config.arch
         self.limits = ModelLimits(  # sent to the frontend at start-up (scheduler_info)
             vocab_size=arch.vocab_size,
-            input_vocab_size=getattr(arch, "input_vocab_size", arch.vocab_size),
+            input_vocab_size=arch.input_vocab_size,
             is_encoder_decoder=arch.is_encoder_decoder,
             context_length=w.req_to_token_pool.max_context_len,
             max_encoder_len=w.req_to_token_pool.max_encoder_len,
