@@ -12,6 +12,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("seq2serve.models.llama.model", "LlamaForCausalLM"),
     "MllamaForConditionalGeneration": ("seq2serve.models.mllama.model",
                                        "MllamaForConditionalGeneration"),
+    "BartForConditionalGeneration": ("seq2serve.models.bart.model",
+                                     "BartForConditionalGeneration"),
     "MarianMTModel": ("seq2serve.models.bart.model", "BartForConditionalGeneration"),
     "M2M100ForConditionalGeneration": ("seq2serve.models.bart.model",
                                        "BartForConditionalGeneration"),
@@ -24,7 +26,8 @@ _MODELS: dict[str, tuple[str, str]] = {
 # model_type -> architecture, for configs written without "architectures"
 _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
                 "llama": "LlamaForCausalLM", "mllama": "MllamaForConditionalGeneration",
-                "marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration",
+                "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
+                "m2m_100": "M2M100ForConditionalGeneration",
                 "mbart": "MBartForConditionalGeneration",
                 "whisper": "WhisperForConditionalGeneration"}
 

@@ -1,7 +1,7 @@
-"""The BART-family translation models' configuration (Marian / OPUS-MT, M2M100 / NLLB-200,
-mBART-50), normalized from a Hugging Face config.json.
+"""The BART family's configuration (BART, Marian / OPUS-MT, M2M100 / NLLB-200, mBART-50),
+normalized from a Hugging Face config.json.
 
-The three families share one transformer (post- or pre-LayerNorm blocks with biased linears,
+The four families share one transformer (post- or pre-LayerNorm blocks with biased linears,
 no relative bias) and differ in a few switches, which `FAMILIES` names per `model_type`.
 """
 
@@ -25,6 +25,8 @@ class Family:
 
 
 FAMILIES = {
+    "bart": Family(pre_norm=False, embed_norm=True, final_norm=False, positions="learned",
+                   logits_bias=True, never_pad=False),
     "marian": Family(pre_norm=False, embed_norm=False, final_norm=False, positions="marian",
                      logits_bias=True, never_pad=True),
     "m2m_100": Family(pre_norm=True, embed_norm=False, final_norm=True, positions="fairseq",

@@ -29,6 +29,9 @@ class ModelConfig:
     # the file has no such key
     generation_suppress: tuple[int, ...] | None = None
     generation_begin_suppress: tuple[int, ...] | None = None
+    # generation_config.json's min_length: the least decoder length, start token included
+    # (HF's MinLengthLogitsProcessor; bart-large-cnn's 56)
+    generation_min_length: int = 0
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -56,6 +59,7 @@ class ModelConfig:
             generation_forced_eos=_generation_forced_eos(model_path),
             generation_suppress=_generation_ids(model_path, "suppress_tokens"),
             generation_begin_suppress=_generation_ids(model_path, "begin_suppress_tokens"),
+            generation_min_length=_generation_min_length(model_path),
         )
 
     @property
@@ -113,6 +117,14 @@ def _generation_config(model_path: str) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+def _generation_min_length(model_path: str) -> int:
+    value = _generation_config(model_path).get("min_length") or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{model_path}/generation_config.json: min_length {value!r} is not "
+                         f"an integer >= 0")
+    return value
 
 
 def _generation_bad_ids(model_path: str) -> tuple[int, ...]:

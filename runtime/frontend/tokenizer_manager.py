@@ -30,6 +30,7 @@ from seq2serve.runtime.frontend.generate_request import (
     rows_per_prompt,
 )
 from seq2serve.runtime.frontend.languages import TranslationLanguages
+from seq2serve.runtime.frontend.min_length import runtime_min_new_tokens
 from seq2serve.runtime.frontend.prompts import role_markers
 from seq2serve.runtime.frontend.replica_replies import merge_replies
 from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid
@@ -166,6 +167,9 @@ class TokenizerManager:
             self._check_limits(sp)
             _check_beams(sp, obj)
             enc, dec, forced = self._token_ids(item, item["decoder_forced"])
+            given = "min_new_tokens" in (item["sampling_params"] or {})
+            sp.min_new_tokens = runtime_min_new_tokens(sp, given, len(dec), forced,
+                                                       self.info.get("min_length", 0))
             spans = None
             if self.image_processor is not None:
                 spans = cross_spans(dec, self.info["image_token_id"],
