@@ -169,7 +169,7 @@ class TokenizerManager:
             self._check_limits(sp)
             _check_beams(sp, obj)
             enc, dec, forced = self._token_ids(item, item["decoder_forced"])
-            given = "min_new_tokens" in (item["sampling_params"] or {})
+            given = _sets(item["sampling_params"], "min_new_tokens")
             sp.min_new_tokens = runtime_min_new_tokens(sp, given, len(dec), forced,
                                                        self.info.get("min_length", 0))
             spans = None
@@ -383,7 +383,8 @@ class TokenizerManager:
         for name, on in (("stream", obj.stream), ("return_logprob", obj.return_logprob),
                          ("decoder_input_ids", any(i["decoder_input_ids"] for i in items)),
                          ("max_new_tokens other than 0", any(
-                             (i["sampling_params"] or {}).get("max_new_tokens", 0)
+                             _sets(i["sampling_params"], "max_new_tokens")
+                             and SamplingParams.from_dict(i["sampling_params"]).max_new_tokens
                              for i in items))):
             if on:
                 raise ValueError(f"{name} cannot be combined with an embedding request")
@@ -714,3 +715,8 @@ def _merged(pieces: list[TokenOutput]) -> TokenOutput:
         input_logprobs=next((p.input_logprobs for p in reversed(pieces)
                              if p.input_logprobs is not None), None),
         detokenize=next((p.detokenize for p in reversed(pieces) if p.detokenize), None))
+
+
+def _sets(params: Any, name: str) -> bool:
+    """Whether a prompt's sampling params set `name` (a SamplingParams object sets all)."""
+    return params is not None and (not isinstance(params, dict) or name in params)
