@@ -48,6 +48,9 @@ class EncoderCacheEntry:
     handle: CrossKVHandle | None = None  # hot tier
     hidden: torch.Tensor | None = field(default=None, repr=False)  # warm tier
     host_pages: list[int] | None = None  # host tier (its K/V in HostKVPool pages)
+    # the encoder output's mean over the input's tokens, L2-normalised (float32, d_model):
+    # set by the encoder stage, kept with the entry (an embedding request reads it)
+    embedding: torch.Tensor | None = field(default=None, repr=False)
     refs: int = 0
     detached: bool = False  # merged into a public entry while referenced
 
@@ -187,6 +190,8 @@ class EncoderCache:
                 continue
             if keep.hidden is None and e.hidden is not None:
                 keep.hidden, e.hidden = e.hidden, None  # (its bytes stay counted)
+            if keep.embedding is None:
+                keep.embedding = e.embedding
             self._forget(e)
             self.sharing.merged_pages += (len(e.handle.pages) if e.handle else 0) + \
                 len(e.host_pages or ())

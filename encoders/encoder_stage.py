@@ -3,7 +3,8 @@
 One ENCODE forward per scheduler step at most: the encoder runs once per distinct new input
 (text, or a model-owned payload, batched through its own type) over one packed, unpadded
 batch; inputs whose hidden states are cached only get their K/V projections. New hidden states
-are offered to the encoder cache's warm tier.
+are offered to the encoder cache's warm tier, and each input's pooled output (its embedding:
+the mean over its tokens, L2-normalised) is kept with its cache entry.
 
 Nothing here waits for the device. The passes are queued on the device's current stream, the
 one the decoder forwards run on, so the next forward (a decode step that reads the new cross
@@ -20,6 +21,20 @@ import torch
 
 from seq2serve.encoders.encoder_cache import EncoderCache, EncoderJob, EncodeWork
 from seq2serve.runtime.executor.worker_batch import EncodeBatch
+
+
+def pooled(hidden: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    """Each segment's mean over its rows of `hidden` [tokens, d] (the segments packed in
+    order), L2-normalised, in float32: [segments, d]. A few kernels per pass, not per input;
+    the segment ids are built on the host and uploaded pinned, so nothing waits for the
+    device."""
+    n = torch.tensor(lens)
+    segment = torch.repeat_interleave(torch.arange(len(lens)), n)
+    if hidden.is_cuda:
+        n, segment = (t.pin_memory().to(hidden.device, non_blocking=True) for t in (n, segment))
+    sums = torch.zeros(len(lens), hidden.shape[-1], dtype=torch.float32, device=hidden.device)
+    sums.index_add_(0, segment, hidden.float())
+    return torch.nn.functional.normalize(sums / n[:, None], dim=-1)
 
 
 class EncoderStage:
@@ -93,9 +108,15 @@ class EncoderStage:
         if encode:
             self.num_forwards += 1
             offset = 0
-            for j in encode:
+            for j, e in zip(encode, pooled(hidden, batch.segment_lens)):
                 self.cache.keep_hidden(j.entry, hidden[offset:offset + j.segment.length].clone())
+                j.entry.embedding = e
                 offset += j.segment.length
+        missing = [j for j in project if j.entry.embedding is None]
+        if missing:  # (their hidden states were cached before the entry had an embedding)
+            lens = [j.segment.length for j in missing]
+            for j, e in zip(missing, pooled(torch.cat([j.entry.hidden for j in missing]), lens)):
+                j.entry.embedding = e
         for j in encode + project:
             j.entry.handle.ready = True
         self.num_encoded_inputs += len(encode)

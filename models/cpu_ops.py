@@ -88,10 +88,9 @@ class OneDnnOps(TorchOps):
         _LIVE.add(self)
 
     @torch.inference_mode()
-    def warm(self, model: nn.Module) -> None:
+    def warm(self, model: nn.Module, keep: tuple[str, ...] = ()) -> None:
         """Pack every float32 (or int8) CPU weight of a layer that computes through these
-        ops."""
-        keep = tuple(getattr(model, "keep_in_model_dtype", ()))
+        ops; int8 layers named with a suffix in `keep` keep float activations."""
         for name, module in model.named_modules():
             w = getattr(module, "weight", None)
             if getattr(module, "ops", None) is not self or id(w) in self._packed:

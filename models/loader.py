@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from seq2serve.models import fp8_checkpoint, parallel_state, registry
 from seq2serve.models.cpu_ops import OneDnnOps, onednn_available
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.ops import REFERENCE, TorchOps, TritonOps, use_ops
 from seq2serve.models.quantization import check_supported, dequantize_model, quantize_model
 
@@ -79,7 +80,7 @@ def check_tensor_parallel(model_config, size: int) -> None:
     if size == 1:
         return
     cls = registry.model_class(model_config.architecture)
-    if not getattr(cls, "tensor_parallel", False):
+    if not cls.tensor_parallel:
         raise ValueError(f"tp_size {size}: tensor parallelism is not built for "
                          f"{model_config.architecture} (T5/mT5, Llama, Mllama and Whisper have it)")
     if fp8_checkpoint.check_config(model_config.model_path):
@@ -114,7 +115,7 @@ def ops_for(device: str | torch.device, dtype: torch.dtype,
 def load_model(model_config, device: str, dtype: torch.dtype,
                load_format: str = "safetensors", ops: TorchOps | None = None,
                quantization: str | None = None, quantize_lm_head: bool = False,
-               int8_activations: bool = False) -> nn.Module:
+               int8_activations: bool = False) -> ModelFamily:
     """Build the model and fill it: from the checkpoint, or with random values of sane scale
     (load_format "dummy": benchmarks of real shapes without weights on disk). Its layers
     compute through `ops` (models/ops.py), by default the device's: chosen here, once, and
@@ -141,11 +142,11 @@ def load_model(model_config, device: str, dtype: torch.dtype,
                                         quantization)
     if quantization is not None:
         quantize_model(model, quantization, quantize_lm_head)
-    if hasattr(model, "init_buffers"):  # buffers derived from the config, not the checkpoint
-        model.init_buffers()
+    model.init_buffers()  # buffers derived from the config, not the checkpoint
     ops = ops if ops is not None else ops_for(device, dtype, int8_activations)
     use_ops(model, ops)
-    ops.warm(model)  # kernels tuned for its weight shapes now, not at a request
+    # kernels tuned for its weight shapes now, not at a request
+    ops.warm(model, model.keep_in_model_dtype)
     return model.eval()
 
 
@@ -170,7 +171,7 @@ def _load_checkpoint(model: nn.Module, model_dir: str, files: list[str], device:
     return quantization
 
 
-def load_weights(model: nn.Module, files: list[str]) -> None:
+def load_weights(model: ModelFamily, files: list[str]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     shard_sizes = {name: _shard_sizes(model, name) for name in params}
     tp_dims = {name: _tp_dim(model, name) for name in params}
@@ -178,14 +179,14 @@ def load_weights(model: nn.Module, files: list[str]) -> None:
                 for s in (range(len(shard_sizes[name])) if shard_sizes[name] else [None])}
     # parts no checkpoint has, which the model fills itself (Whisper: its fused attention
     # biases' key part, zero in `init_buffers`)
-    expected -= set(getattr(model, "absent_shards", tuple)())
+    expected -= set(model.absent_shards())
     loaded: set[tuple[str, int | None]] = set()
     source: dict[tuple[str, int | None], str] = {}
     for path in files:
         with safe_open(path, framework="pt", device="cpu") as f:
             # a model may need some tensors loaded before others (a fallback the more
             # specific tensors overwrite)
-            names = sorted(f.keys(), key=getattr(model, "load_priority", lambda _: 0))
+            names = sorted(f.keys(), key=model.load_priority)
             for name in tqdm(names, desc=f"Loading {os.path.basename(path)}", unit="tensor",
                              leave=False, disable=None):
                 targets = fp8_checkpoint.targets(model, name, params)

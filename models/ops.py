@@ -81,7 +81,7 @@ class TorchOps:
         """linear(gated(gate_up)): a gated MLP's down projection."""
         return self.linear(self.gated(gate_up, activation), weight, bias)
 
-    def warm(self, model: nn.Module) -> None:
+    def warm(self, model: nn.Module, keep: tuple[str, ...] = ()) -> None:
         """Prepare the kernels for `model`'s weights before serving (nothing to do here)."""
 
 
@@ -128,7 +128,7 @@ class TritonOps(TorchOps):
         return self._skinny if 0 < x.shape[0] <= self.skinny_max_m else None
 
     @torch.inference_mode()
-    def warm(self, model):
+    def warm(self, model, keep=()):
         """Autotune the GEMV and the skinny GEMM for every weight shape of `model` that runs
         through these ops, at load: a new shape's tuning takes about a second, which the first
         request of a new shape (a short source's cross K/V projection) would otherwise wait."""

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from seq2serve.models import parallel_state
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import Linear
 from seq2serve.models.quantized_weight import QuantizedWeight, row_amax
 
@@ -77,12 +78,12 @@ def quantizable(name: str, layer: Linear, method: str, quantize_lm_head: bool,
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, method: str, quantize_lm_head: bool = False) -> int:
+def quantize_model(model: ModelFamily, method: str, quantize_lm_head: bool = False) -> int:
     """Replace the weights of `model`'s Linear layers with 8-bit ones, in place, one layer at
     a time (the float weight is freed as each is replaced). Returns how many were."""
     if method not in METHODS:
         raise ValueError(f"quantization must be one of {METHODS}, got {method!r}")
-    keep = tuple(getattr(model, "keep_in_model_dtype", ()))
+    keep = model.keep_in_model_dtype
     count = 0
     for name, layer in list(model.named_modules()):
         if not isinstance(layer, Linear) or not quantizable(name, layer, method,

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib
 
+from seq2serve.models.family import ModelFamily
+
 _MODELS: dict[str, tuple[str, str]] = {
     "T5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "MT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "LlamaForCausalLM": ("seq2serve.models.llama.model", "LlamaForCausalLM"),
     "MllamaForConditionalGeneration": ("seq2serve.models.mllama.model",
                                        "MllamaForConditionalGeneration"),
+    "BartForConditionalGeneration": ("seq2serve.models.bart.model",
+                                     "BartForConditionalGeneration"),
     "MarianMTModel": ("seq2serve.models.bart.model", "BartForConditionalGeneration"),
     "M2M100ForConditionalGeneration": ("seq2serve.models.bart.model",
                                        "BartForConditionalGeneration"),
@@ -22,7 +26,8 @@ _MODELS: dict[str, tuple[str, str]] = {
 # model_type -> architecture, for configs written without "architectures"
 _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
                 "llama": "LlamaForCausalLM", "mllama": "MllamaForConditionalGeneration",
-                "marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration",
+                "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
+                "m2m_100": "M2M100ForConditionalGeneration",
                 "mbart": "MBartForConditionalGeneration",
                 "whisper": "WhisperForConditionalGeneration"}
 
@@ -45,6 +50,9 @@ def architecture_of(hf_config: dict) -> str:
     )
 
 
-def model_class(architecture: str) -> type:
+def model_class(architecture: str) -> type[ModelFamily]:
     module_name, class_name = _MODELS[architecture]
-    return getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not issubclass(cls, ModelFamily):
+        raise TypeError(f"{module_name}.{class_name} is not a ModelFamily (models/family.py)")
+    return cls

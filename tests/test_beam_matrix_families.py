@@ -19,7 +19,8 @@ from seq2serve.tests.helpers import hf_model, make_scheduler, request
 from seq2serve.tests.test_beam_matrix import CASES, approx
 
 # lp at and above 1, every early_stopping value, penalties and n-gram bans; no
-# min_new_tokens (HF counts a forced language token among the new tokens, the API does not)
+# min_new_tokens (HF counts a forced language token among the new tokens; the scheduler these
+# tests drive does not: the TokenizerManager converts, tests/test_bart_cnn.py checks it)
 FAMILY_CASES = [CASES[0], CASES[2], CASES[4], CASES[5]]
 
 

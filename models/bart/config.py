@@ -1,7 +1,7 @@
-"""The BART-family translation models' configuration (Marian / OPUS-MT, M2M100 / NLLB-200,
-mBART-50), normalized from a Hugging Face config.json.
+"""The BART family's configuration (BART, Marian / OPUS-MT, M2M100 / NLLB-200, mBART-50),
+normalized from a Hugging Face config.json.
 
-The three families share one transformer (post- or pre-LayerNorm blocks with biased linears,
+The four families share one transformer (post- or pre-LayerNorm blocks with biased linears,
 no relative bias) and differ in a few switches, which `FAMILIES` names per `model_type`.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from seq2serve.models.family import DecoderStacks
 from seq2serve.runtime.kernels.activations import ACTIVATIONS
 
 
@@ -24,6 +25,8 @@ class Family:
 
 
 FAMILIES = {
+    "bart": Family(pre_norm=False, embed_norm=True, final_norm=False, positions="learned",
+                   logits_bias=True, never_pad=False),
     "marian": Family(pre_norm=False, embed_norm=False, final_norm=False, positions="marian",
                      logits_bias=True, never_pad=True),
     "m2m_100": Family(pre_norm=True, embed_norm=False, final_norm=True, positions="fairseq",
@@ -34,7 +37,7 @@ FAMILIES = {
 
 
 @dataclass(frozen=True)
-class BartConfig:
+class BartConfig(DecoderStacks):
     model_type: str  # a key of FAMILIES
     family: Family
     vocab_size: int  # the encoder's and the decoder's
@@ -62,14 +65,6 @@ class BartConfig:
         if model_type not in FAMILIES:
             raise ValueError(f"config.json: model_type {model_type!r} is not one of "
                              f"{', '.join(sorted(FAMILIES))}")
-        activation = cfg.get("activation_function", "gelu")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"config.json: unsupported activation_function {activation!r}")
-        d_model = _req(cfg, "d_model")
-        for key in ("encoder_attention_heads", "decoder_attention_heads"):
-            if d_model % _req(cfg, key):
-                raise ValueError(f"config.json: d_model {d_model} is not a multiple of "
-                                 f"{key} {cfg[key]}")
         share = bool(cfg.get("share_encoder_decoder_embeddings", True))
         vocab = _req(cfg, "vocab_size")
         if cfg.get("decoder_vocab_size") not in (None, vocab):
@@ -87,14 +82,7 @@ class BartConfig:
             family=FAMILIES[model_type],
             vocab_size=vocab,
             share_embeddings=share,
-            d_model=d_model,
-            encoder_layers=_req(cfg, "encoder_layers"),
-            decoder_layers=_req(cfg, "decoder_layers"),
-            encoder_attention_heads=cfg["encoder_attention_heads"],
-            decoder_attention_heads=cfg["decoder_attention_heads"],
-            encoder_ffn_dim=_req(cfg, "encoder_ffn_dim"),
-            decoder_ffn_dim=_req(cfg, "decoder_ffn_dim"),
-            activation=activation,
+            **stack_fields(cfg),
             max_position_embeddings=cfg.get("max_position_embeddings", 1024),
             scale_embedding=bool(cfg.get("scale_embedding", False)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
@@ -111,25 +99,6 @@ class BartConfig:
         (transformers 5 unties the stacks' embed_tokens from `shared` with the head)."""
         return self.share_embeddings and self.tie_word_embeddings
 
-    # What the runtime needs to size its pools.
-    is_encoder_decoder = True
-
-    @property
-    def num_self_attn_layers(self) -> int:
-        return self.decoder_layers
-
-    @property
-    def num_cross_attn_layers(self) -> int:
-        return self.decoder_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.decoder_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.decoder_attention_heads
-
     @property
     def max_length(self) -> int:
         return self.max_position_embeddings
@@ -138,6 +107,22 @@ class BartConfig:
     def suppressed_token_ids(self) -> tuple[int, ...]:
         """Tokens never generated: Marian's pad, which starts its decoder."""
         return (self.pad_token_id,) if self.family.never_pad else ()
+
+
+def stack_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The encoder and decoder stacks' sizes and activation, as BART-named config.json keys
+    give them (BART, Marian, M2M100, mBART, Whisper), checked."""
+    activation = cfg.get("activation_function", "gelu")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"config.json: unsupported activation_function {activation!r}")
+    d_model = _req(cfg, "d_model")
+    for key in ("encoder_attention_heads", "decoder_attention_heads"):
+        if d_model % _req(cfg, key):
+            raise ValueError(f"config.json: d_model {d_model} is not a multiple of "
+                             f"{key} {cfg[key]}")
+    keys = ("encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")
+    return {"d_model": d_model, "activation": activation, **{k: _req(cfg, k) for k in keys}}
 
 
 def _ids(value: Any) -> tuple[int, ...]:

@@ -1,11 +1,13 @@
-"""The BART-family translation models: Marian (OPUS-MT), M2M100 (and NLLB-200), mBART(-50).
+"""The BART family: BART (summarization: bart-large-cnn), and the translation models Marian
+(OPUS-MT), M2M100 (and NLLB-200), mBART(-50).
 
 An encoder stack and a decoder stack of LayerNorm blocks with biased linears and scaled
 dot-product attention; absolute positions added to the (scaled) embeddings, no relative bias.
 The families differ only where `config.Family` says: whether the norm comes before each
-sublayer (mBART, M2M100) or after its residual add (Marian), a norm after the embeddings
-(mBART) and at the end of each stack (mBART, M2M100), the position table, and a bias on the
-logits (Marian, mBART). Batching, paging and caching are the runtime's, as for T5.
+sublayer (mBART, M2M100) or after its residual add (BART, Marian), a norm after the
+embeddings (BART, mBART) and at the end of each stack (mBART, M2M100), the position table,
+and a bias on the logits (BART, Marian, mBART). Batching, paging and caching are the
+runtime's, as for T5.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from seq2serve.models.attention import Attention
 from seq2serve.models.bart.config import BartConfig
 from seq2serve.models.bart.positions import PositionTable
 from seq2serve.models.bart.weights import hf_to_param, load_priority
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.mlp import MLP
 from seq2serve.models.norm import LayerNorm
@@ -116,8 +119,8 @@ class BartDecoderLayer(nn.Module):
         return residual(self.ff_norm, x, self.ff, self.pre_norm)
 
 
-class BartForConditionalGeneration(nn.Module):
-    """Marian's MarianMTModel, M2M100ForConditionalGeneration and
+class BartForConditionalGeneration(ModelFamily):
+    """HF's BartForConditionalGeneration, MarianMTModel, M2M100ForConditionalGeneration and
     MBartForConditionalGeneration, by `cfg.family`."""
 
     config_class = BartConfig
@@ -189,10 +192,8 @@ class BartForConditionalGeneration(nn.Module):
     def tie_missing(self, missing: set[str]) -> set[str]:
         """lm_head tied to the decoder's embedding when the checkpoint has none and the config
         allows; a checkpoint without final_logits_bias has a zero one (HF's default)."""
-        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
-            embed = self.shared if self.decoder_embed is None else self.decoder_embed
-            self.lm_head.weight = embed.weight
-            missing = missing - {"lm_head.weight"}
+        embed = self.shared if self.decoder_embed is None else self.decoder_embed
+        missing = self.tie_lm_head(missing, embed, self.cfg.tie_word_embeddings)
         if "final_logits_bias" in missing:
             with torch.no_grad():
                 self.final_logits_bias.zero_()

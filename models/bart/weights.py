@@ -13,9 +13,34 @@ _LINEARS = {"self_attn.out_proj": "self_attn.o", "encoder_attn.q_proj": "cross_a
 _NORMS = {"self_attn_layer_norm": "self_attn_norm", "encoder_attn_layer_norm": "cross_attn_norm",
           "final_layer_norm": "ff_norm"}
 
-_LAYER = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+LAYER = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _STACK = re.compile(r"model\.(encoder|decoder)\.(embed_tokens|embed_positions|layernorm_embedding"
                     r"|layer_norm)\.(weight|bias|weights|_float_tensor)$")
+
+
+def layer_targets(m: re.Match) -> list[tuple[str, int | None]] | None:
+    """A block's tensor (`LAYER`'s match: stack, layer, module, leaf) -> its parameters: HF's
+    q/k/v projections fused (self-attention's q/k/v, cross-attention's k/v), the rest 1:1.
+    Whisper's blocks are these."""
+    stack, layer, module, leaf = m[1], m[2], m[3], m[4]
+    prefix = f"{stack}_layers.{layer}"
+    sub, _, proj = module.rpartition(".")
+    if sub in ("self_attn", "encoder_attn") and proj in _QKV:
+        if sub == "self_attn":
+            return [(f"{prefix}.self_attn.qkv.{leaf}", _QKV[proj])]
+        if proj != "q_proj":
+            return [(f"{prefix}.cross_attn.kv.{leaf}", _QKV[proj] - 1)]
+    target = _LINEARS.get(module) or _NORMS.get(module)
+    return [(f"{prefix}.{target}.{leaf}", None)] if target else None
+
+
+def block_names(stack: str, layers: int) -> list[str]:
+    """Every tensor of a stack's blocks in an HF checkpoint (with k_proj's bias)."""
+    attns = ("self_attn", "encoder_attn") if stack == "decoder" else ("self_attn",)
+    mods = [f"{a}.{p}_proj" for a in attns for p in ("q", "k", "v", "out")]
+    mods += ["fc1", "fc2", "final_layer_norm"] + [f"{a}_layer_norm" for a in attns]
+    return [f"model.{stack}.layers.{i}.{m}.{leaf}" for i in range(layers) for m in mods
+            for leaf in ("weight", "bias")]
 
 
 def load_priority(name: str) -> int:
@@ -31,18 +56,9 @@ def hf_to_param(name: str, cfg) -> list[tuple[str, int | None]] | None:
                                              else [("decoder_embed.weight", None)])
     if name in ("lm_head.weight", "final_logits_bias"):
         return [(name, None)]
-    m = _LAYER.match(name)
+    m = LAYER.match(name)
     if m:
-        stack, layer, module, leaf = m[1], m[2], m[3], m[4]
-        prefix = f"{stack}_layers.{layer}"
-        sub, _, proj = module.rpartition(".")
-        if sub in ("self_attn", "encoder_attn") and proj in _QKV:
-            if sub == "self_attn":
-                return [(f"{prefix}.self_attn.qkv.{leaf}", _QKV[proj])]
-            if proj != "q_proj":
-                return [(f"{prefix}.cross_attn.kv.{leaf}", _QKV[proj] - 1)]
-        target = _LINEARS.get(module) or _NORMS.get(module)
-        return [(f"{prefix}.{target}.{leaf}", None)] if target else None
+        return layer_targets(m)
     m = _STACK.match(name)
     if not m:
         return None
@@ -73,10 +89,5 @@ def checkpoint_names(cfg) -> list[str]:
         for part, on in (("layernorm_embedding", fam.embed_norm), ("layer_norm", fam.final_norm)):
             if on:
                 names += [f"{s}.{part}.weight", f"{s}.{part}.bias"]
-        attns = ("self_attn", "encoder_attn") if stack == "decoder" else ("self_attn",)
-        for i in range(n):
-            b = f"{s}.layers.{i}"
-            mods = [f"{a}.{p}_proj" for a in attns for p in ("q", "k", "v", "out")]
-            mods += ["fc1", "fc2", "final_layer_norm"] + [f"{a}_layer_norm" for a in attns]
-            names += [f"{b}.{m}.{leaf}" for m in mods for leaf in ("weight", "bias")]
+        names += block_names(stack, n)
     return names

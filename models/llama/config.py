@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from seq2serve.models.family import FamilyConfig
+
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(FamilyConfig):
     vocab_size: int
     hidden_size: int
     intermediate_size: int

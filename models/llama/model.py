@@ -15,6 +15,7 @@ from torch import nn
 from seq2serve.models import parallel_state
 from seq2serve.models.attention import Attention
 from seq2serve.models.block import pre_norm
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import ColumnParallelLinear, RowParallelLinear
 from seq2serve.models.llama.config import LlamaConfig
 from seq2serve.models.llama.weights import hf_to_param
@@ -79,7 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         return x, self.mlp.after_in_proj(gate_up)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(ModelFamily):
     config_class = LlamaConfig
     tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
 
@@ -107,10 +108,7 @@ class LlamaForCausalLM(nn.Module):
     weight_map = staticmethod(hf_to_param)
 
     def tie_missing(self, missing: set[str]) -> set[str]:
-        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-            missing = missing - {"lm_head.weight"}
-        return missing
+        return self.tie_lm_head(missing, self.embed_tokens, self.cfg.tie_word_embeddings)
 
     def init_buffers(self) -> None:
         """Recompute the non-persistent buffers (they are not in the checkpoint)."""

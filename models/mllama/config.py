@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from seq2serve.models.family import FamilyConfig
 from seq2serve.models.llama.config import LlamaConfig
 
 
@@ -62,7 +63,7 @@ class MllamaVisionConfig:
 
 
 @dataclass(frozen=True)
-class MllamaConfig:
+class MllamaConfig(FamilyConfig):
     text: LlamaConfig
     vision: MllamaVisionConfig
     cross_attention_layers: tuple[int, ...]

@@ -17,6 +17,7 @@ from torch import nn
 
 from seq2serve.models.attention import Attention
 from seq2serve.models.block import pre_norm
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.llama.model import LlamaDecoderLayer, local_heads
 from seq2serve.models.mllama.config import MllamaConfig
@@ -85,7 +86,7 @@ class MllamaCrossAttentionLayer(nn.Module):
         return x, self.cross_attn_mlp_gate.tanh() * h
 
 
-class MllamaForConditionalGeneration(nn.Module):
+class MllamaForConditionalGeneration(ModelFamily):
     config_class = MllamaConfig
     tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
     # a token reads only its image group's cross keys: the runtime passes each token's range
@@ -149,9 +150,6 @@ class MllamaForConditionalGeneration(nn.Module):
 
     # --- weights -----------------------------------------------------------------------------
     weight_map = staticmethod(hf_to_param)
-
-    def tie_missing(self, missing: set[str]) -> set[str]:
-        return missing
 
     def init_buffers(self) -> None:
         t = self.cfg.text

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from seq2serve.models.family import FamilyConfig
 from seq2serve.runtime.kernels.activations import ACTIVATIONS
 
 
 @dataclass(frozen=True)
-class T5Config:
+class T5Config(FamilyConfig):
     vocab_size: int
     d_model: int
     d_kv: int
@@ -27,7 +28,7 @@ class T5Config:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
     decoder_start_token_id: int
-    max_length: int | None  # n_positions when the config has one (informational for T5)
+    max_length: int | None = None  # n_positions when the config has one (informational for T5)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> T5Config:

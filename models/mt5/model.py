@@ -15,6 +15,7 @@ from torch import nn
 from seq2serve.models import parallel_state
 from seq2serve.models.attention import Attention
 from seq2serve.models.block import pre_norm
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from seq2serve.models.mlp import MLP, GatedMLP
 from seq2serve.models.mt5.config import T5Config
@@ -135,7 +136,7 @@ class T5DecoderBlock(nn.Module):
         return x, self.ff.after_in_proj(up)
 
 
-class T5ForConditionalGeneration(nn.Module):
+class T5ForConditionalGeneration(ModelFamily):
     config_class = T5Config
     tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
     # HF's `wo` (_keep_in_fp32_modules): its input's outliers defeat per-token FP8 scales
@@ -188,7 +189,4 @@ class T5ForConditionalGeneration(nn.Module):
 
     def tie_missing(self, missing: set[str]) -> set[str]:
         """Tie lm_head to the embedding when the checkpoint has none and the config allows."""
-        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
-            self.lm_head.weight = self.shared.weight
-            missing = missing - {"lm_head.weight"}
-        return missing
+        return self.tie_lm_head(missing, self.shared, self.cfg.tie_word_embeddings)

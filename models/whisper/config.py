@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from seq2serve.models.bart.config import Family, _ids, _req
-from seq2serve.runtime.kernels.activations import ACTIVATIONS
+from seq2serve.models.bart.config import Family, _ids, _req, stack_fields
+from seq2serve.models.family import DecoderStacks
 
 # Whisper's blocks are the BART family's pre-LayerNorm blocks (models/bart/model.py), with
 # learned positions, a final norm on each stack and no logits bias.
@@ -23,7 +23,7 @@ N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3,000 log-mel frames; the conv front end h
 
 
 @dataclass(frozen=True)
-class WhisperConfig:
+class WhisperConfig(DecoderStacks):
     vocab_size: int
     num_mel_bins: int  # 80, or 128 (large-v3)
     d_model: int
@@ -48,14 +48,6 @@ class WhisperConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> WhisperConfig:
-        activation = cfg.get("activation_function", "gelu")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"config.json: unsupported activation_function {activation!r}")
-        d_model = _req(cfg, "d_model")
-        for key in ("encoder_attention_heads", "decoder_attention_heads"):
-            if d_model % _req(cfg, key):
-                raise ValueError(f"config.json: d_model {d_model} is not a multiple of "
-                                 f"{key} {cfg[key]}")
         frames = cfg.get("max_source_positions", 1500)
         if frames * 2 != N_FRAMES:
             raise ValueError(f"config.json: max_source_positions {frames}; Whisper's encoder "
@@ -65,14 +57,7 @@ class WhisperConfig:
         return cls(
             vocab_size=_req(cfg, "vocab_size"),
             num_mel_bins=cfg.get("num_mel_bins", 80),
-            d_model=d_model,
-            encoder_layers=_req(cfg, "encoder_layers"),
-            decoder_layers=_req(cfg, "decoder_layers"),
-            encoder_attention_heads=cfg["encoder_attention_heads"],
-            decoder_attention_heads=cfg["decoder_attention_heads"],
-            encoder_ffn_dim=_req(cfg, "encoder_ffn_dim"),
-            decoder_ffn_dim=_req(cfg, "decoder_ffn_dim"),
-            activation=activation,
+            **stack_fields(cfg),
             max_source_positions=frames,
             max_target_positions=cfg.get("max_target_positions", 448),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
@@ -82,26 +67,6 @@ class WhisperConfig:
             suppress_tokens=_ids(cfg.get("suppress_tokens")),
             begin_suppress_tokens=_ids(cfg.get("begin_suppress_tokens")),
         )
-
-    # What the runtime needs to size its pools.
-    is_encoder_decoder = True
-    forced_bos_token_id = None  # the prompt (language, task) is the caller's decoder prompt
-
-    @property
-    def num_self_attn_layers(self) -> int:
-        return self.decoder_layers
-
-    @property
-    def num_cross_attn_layers(self) -> int:
-        return self.decoder_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.decoder_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.decoder_attention_heads
 
     @property
     def max_length(self) -> int:

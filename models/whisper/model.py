@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seq2serve.models.bart.model import BartDecoderLayer, BartEncoderLayer, _embedding
+from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import Linear
 from seq2serve.models.norm import LayerNorm
 from seq2serve.models.whisper.config import N_SAMPLES, WhisperConfig
@@ -40,7 +41,7 @@ class WindowBatch:
         return WindowBatch(self.samples.to(device, non_blocking=True))
 
 
-class WhisperForConditionalGeneration(nn.Module):
+class WhisperForConditionalGeneration(ModelFamily):
     config_class = WhisperConfig
     # the blocks' heads and feed-forward channels split over ranks (models/parallel_state.py);
     # the convolutions, embeddings and LM head are whole on every rank
@@ -108,10 +109,7 @@ class WhisperForConditionalGeneration(nn.Module):
 
     def tie_missing(self, missing: set[str]) -> set[str]:
         """proj_out tied to the decoder's embedding (when the config allows)."""
-        if "lm_head.weight" in missing and self.cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-            missing = missing - {"lm_head.weight"}
-        return missing
+        return self.tie_lm_head(missing, self.embed_tokens, self.cfg.tie_word_embeddings)
 
     def absent_shards(self) -> list[tuple[str, int]]:
         """The key part of every fused attention bias: Whisper's k_proj has no bias, so no

@@ -84,7 +84,7 @@ def _requests(model_dir: str, args, n: int):
     from seq2serve.runtime.config.model_config import ModelConfig
 
     mc = ModelConfig.from_path(model_dir)
-    image_token = getattr(mc.arch, "image_token_id", None)
+    image_token = mc.arch.frontend_info().get("image_token_id")
     wl = Workload(n, args.input_len, args.output_len,
                   image_size=args.image_size if image_token is not None else 0)
     eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1

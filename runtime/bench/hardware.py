@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from seq2serve.models.family import DecoderStacks
+from seq2serve.models.mllama.config import MllamaConfig
+from seq2serve.models.mt5.config import T5Config
+
 
 def copy_bandwidth(device: str = "cuda", gib: float = 1.0, repeats: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second (the bandwidth ceiling)."""
@@ -29,21 +33,21 @@ def decoder_step_bytes(arch, dtype_bytes: int = 2) -> int:
     """Weights a decode step reads once: the decoder stack and the LM head (embedding rows
     and the encoder are not read per step). For T5, cross K/V projections run once per input,
     so only q and o of the cross layers count."""
-    if hasattr(arch, "decoder_ffn_dim"):  # the BART family (Marian, M2M100 / NLLB, mBART)
+    if isinstance(arch, DecoderStacks):  # the BART family (BART, Marian, M2M100, mBART), Whisper
         d, ff = arch.d_model, arch.decoder_ffn_dim
         per_layer = 4 * d * d + 2 * d * d + 2 * d * ff
         return (arch.decoder_layers * per_layer + arch.vocab_size * d) * dtype_bytes
-    if hasattr(arch, "d_model"):  # T5
+    if isinstance(arch, T5Config):
         d, inner, ff = arch.d_model, arch.num_heads * arch.d_kv, arch.d_ff
         per_layer = 4 * d * inner + 2 * d * inner + (3 if arch.is_gated else 2) * d * ff
         return (arch.num_decoder_layers * per_layer + arch.vocab_size * d) * dtype_bytes
-    t = getattr(arch, "text", arch)  # Llama / Mllama's text model
+    t = arch.text if isinstance(arch, MllamaConfig) else arch  # Llama / Mllama's text model
     d, h, kvh, hd, ff = (t.hidden_size, t.num_attention_heads, t.num_key_value_heads,
                          t.head_dim, t.intermediate_size)
     attn = d * (h + 2 * kvh) * hd + h * hd * d
     cross = 2 * d * h * hd  # q and o; k/v projections run once per image
     mlp = 3 * d * ff
-    n_cross = len(getattr(arch, "cross_attention_layers", ()))
+    n_cross = arch.num_cross_attn_layers
     n_self = t.num_hidden_layers - n_cross
     return (n_self * (attn + mlp) + n_cross * (cross + mlp) + t.vocab_size * d) * dtype_bytes
 

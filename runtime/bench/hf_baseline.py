@@ -23,14 +23,13 @@ def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
 
     config = AutoConfig.from_pretrained(model_dir)
     kind = config.model_type
-    cls = (MllamaForConditionalGeneration if kind == "mllama" else
-           AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
-            model = (cls._from_config(config, dtype=dtype) if hasattr(cls, "_from_config")
-                     else cls.from_config(config, dtype=dtype))
+        with torch.device(device):  # a model class builds with _from_config, an Auto class not
+            model = (MllamaForConditionalGeneration._from_config(config, dtype=dtype)
+                     if kind == "mllama" else auto.from_config(config, dtype=dtype))
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from seq2serve.models import registry
+from seq2serve.models.family import FamilyConfig
 
 _DTYPE_NAMES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16",
                 "float16": "float16", "half": "float16"}
@@ -18,7 +18,7 @@ class ModelConfig:
     model_path: str
     architecture: str
     checkpoint_dtype: str  # "float32" | "bfloat16" | "float16"
-    arch: Any  # the family's frozen config (e.g. models.mt5.config.T5Config)
+    arch: FamilyConfig  # the family's frozen config (e.g. models.mt5.config.T5Config)
     generation_eos_ids: tuple[int, ...] = ()  # generation_config.json's eos_token_id, if any
     # generation_config.json's single-token bad_words_ids (OPUS-MT: its pad)
     generation_bad_ids: tuple[int, ...] = ()
@@ -29,6 +29,9 @@ class ModelConfig:
     # the file has no such key
     generation_suppress: tuple[int, ...] | None = None
     generation_begin_suppress: tuple[int, ...] | None = None
+    # generation_config.json's min_length: the least decoder length, start token included
+    # (HF's MinLengthLogitsProcessor; bart-large-cnn's 56)
+    generation_min_length: int = 0
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -56,6 +59,7 @@ class ModelConfig:
             generation_forced_eos=_generation_forced_eos(model_path),
             generation_suppress=_generation_ids(model_path, "suppress_tokens"),
             generation_begin_suppress=_generation_ids(model_path, "begin_suppress_tokens"),
+            generation_min_length=_generation_min_length(model_path),
         )
 
     @property
@@ -68,9 +72,9 @@ class ModelConfig:
         """Tokens never generated: the model's own (Marian's pad), generation_config.json's
         single-token bad_words_ids, and its suppress_tokens (Whisper; else config.json's) as
         HF's SuppressTokensLogitsProcessor bans them."""
-        own = getattr(self.arch, "suppressed_token_ids", ())
+        own = self.arch.suppressed_token_ids
         suppress = (self.generation_suppress if self.generation_suppress is not None
-                    else getattr(self.arch, "suppress_tokens", ()))
+                    else self.arch.suppress_tokens)
         return tuple(sorted(set(own) | set(self.generation_bad_ids) | set(suppress)))
 
     @property
@@ -79,7 +83,7 @@ class ModelConfig:
         begin_suppress_tokens (Whisper: the space and EOS), else config.json's."""
         if self.generation_begin_suppress is not None:
             return self.generation_begin_suppress
-        return tuple(getattr(self.arch, "begin_suppress_tokens", ()))
+        return self.arch.begin_suppress_tokens
 
     @property
     def forced_bos_token_id(self) -> int | None:
@@ -87,7 +91,7 @@ class ModelConfig:
         (generation_config.json's, else config.json's)."""
         if self.generation_forced_bos is not None:
             return self.generation_forced_bos
-        return getattr(self.arch, "forced_bos_token_id", None)
+        return self.arch.forced_bos_token_id
 
     @property
     def forced_eos_token_ids(self) -> tuple[int, ...]:
@@ -96,7 +100,7 @@ class ModelConfig:
         config.json's; OPUS-MT, mBART and M2M100 checkpoints ship one)."""
         if self.generation_forced_eos is not None:
             return self.generation_forced_eos
-        return tuple(getattr(self.arch, "forced_eos_token_ids", ()))
+        return self.arch.forced_eos_token_ids
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -113,6 +117,14 @@ def _generation_config(model_path: str) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+def _generation_min_length(model_path: str) -> int:
+    value = _generation_config(model_path).get("min_length") or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{model_path}/generation_config.json: min_length {value!r} is not "
+                         f"an integer >= 0")
+    return value
 
 
 def _generation_bad_ids(model_path: str) -> tuple[int, ...]:

@@ -72,7 +72,7 @@ class ModelRunner:
         self.attn_backend = create_backend(self.backend_name, device=self.device)
         self.sampler = Sampler(model_config.suppressed_token_ids, self.device)
         # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
-        self.model_optional_inputs = frozenset(getattr(self.model, "optional_inputs", ()))
+        self.model_optional_inputs = frozenset(self.model.optional_inputs)
         if self.device.startswith("cuda") and model_config.arch.is_encoder_decoder:
             self._warm_encoder()
         self.graph_runner = None
@@ -91,7 +91,7 @@ class ModelRunner:
         if arch.is_encoder_decoder:
             # an encoder of its own length (Whisper: 1,500 positions, its decoder 448)
             self.max_encoder_len = (a.max_encoder_len
-                                    or getattr(arch, "max_encoder_length", arch.max_length)
+                                    or arch.max_encoder_length
                                     or _DEFAULT_MAX_LEN)
         elif arch.num_cross_attn_layers:  # a cross-attention decoder: room for its inputs
             self.max_encoder_len = (a.max_encoder_len
@@ -130,9 +130,9 @@ class ModelRunner:
         """Encode a 2-token source once, its cross K/V written to slots no request owns yet:
         the encoder's kernels compile now, not in the first request (1.0 s of its 1.6 s on an
         H100, mT5-large: benchmarks/profile_first_request.py)."""
-        own = getattr(self.model, "warm_encoder_input", None)  # a model's own input (Whisper)
+        own = self.model.warm_encoder_input()  # a model's own input (Whisper)
         if own is not None:
-            model_input, lens = own()
+            model_input, lens = own
             self.encode(EncodeBatch(token_ids=None, model_input=model_input, segment_lens=lens,
                                     cross_out_loc=torch.arange(sum(lens))))
         else:

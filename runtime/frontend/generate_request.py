@@ -43,6 +43,9 @@ class GenerateReqInput:
     # detection scores each language token): one request per list, results in this order;
     # the input is read, tokenized and sent once, and encoded once
     decoder_variants: list[list[int]] | None = None
+    # each prompt's embedding (the encoder's output, mean-pooled and L2-normalised: meta_info
+    # "embedding") in place of generated text; encoder-decoder text models only
+    embed: bool = False
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,

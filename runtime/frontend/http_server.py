@@ -33,6 +33,7 @@ from seq2serve.runtime.frontend.api_servers import RuntimeView, run_api_servers,
 from seq2serve.runtime.frontend.audio_serving import AudioServing
 from seq2serve.runtime.frontend.body_limit import BodySizeLimit
 from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_loop_route
+from seq2serve.runtime.frontend.embeddings_serving import embeddings
 from seq2serve.runtime.frontend.http_drain import DrainingServer
 from seq2serve.runtime.frontend.http_middleware import ADMIN_SCOPE, AuthAndCount
 from seq2serve.runtime.frontend.http_protocol import header_deadline_protocol
@@ -44,6 +45,7 @@ from seq2serve.runtime.frontend.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetectRequest,
+    EmbeddingRequest,
     GenerateRequest,
     TokenizeRequest,
     TranslationRequest,
@@ -150,6 +152,10 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await serving.chat(body, request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings_route(body: EmbeddingRequest, request: Request):
+        return await embeddings(serving, body, request)
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):

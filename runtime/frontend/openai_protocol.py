@@ -367,3 +367,17 @@ class DetectRequest(_Body):
     }
     q: str | list[str]
     api_key: str | None = None
+
+
+class EmbeddingRequest(_Body):
+    """OpenAI's /v1/embeddings: each input's encoder output, mean-pooled and L2-normalised."""
+
+    REFUSED: ClassVar[dict[str, Refused]] = {
+        "dimensions": Refused("an embedding has the encoder's d_model dimensions; shortening "
+                              "it is not implemented"),
+    }
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Any = None
+    user: str | None = None

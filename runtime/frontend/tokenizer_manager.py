@@ -30,6 +30,7 @@ from seq2serve.runtime.frontend.generate_request import (
     rows_per_prompt,
 )
 from seq2serve.runtime.frontend.languages import TranslationLanguages
+from seq2serve.runtime.frontend.min_length import runtime_min_new_tokens
 from seq2serve.runtime.frontend.prompts import role_markers
 from seq2serve.runtime.frontend.replica_replies import merge_replies
 from seq2serve.runtime.frontend.request_ids import client_rid, scoped_rid, server_tag
@@ -158,6 +159,8 @@ class TokenizerManager:
         """Validate and tokenize; one TokenizedRequest per prompt and sample (n). A beam search
         is one TokenizedRequest per prompt, whose `beam_rids` name its k results (k > 1)."""
         is_batch, items = obj.normalize()
+        if obj.embed:
+            self._check_embedding(obj, items)
         rows = sum(rows_per_prompt(item["sampling_params"]) for item in items)
         if rows > self.limits.max_batch_inputs:
             raise ValueError(f"{rows} inputs (rows: prompts x n x num_beams) in one request, "
@@ -176,6 +179,9 @@ class TokenizerManager:
             self._check_limits(sp)
             _check_beams(sp, obj)
             enc, dec, forced = self._token_ids(item, item["decoder_forced"])
+            given = _sets(item["sampling_params"], "min_new_tokens")
+            sp.min_new_tokens = runtime_min_new_tokens(sp, given, len(dec), forced,
+                                                       self.info.get("min_length", 0))
             spans = None
             if self.image_processor is not None:
                 spans = cross_spans(dec, self.info["image_token_id"],
@@ -191,7 +197,7 @@ class TokenizerManager:
                           top_logprobs_num=obj.top_logprobs_num, logprob_start_len=k,
                           encoder_key=self._encoder_key(enc) if enc else None,
                           encoder_inputs=images, cross_spans=spans, user=obj.user, group=group,
-                          decoder_forced=forced)
+                          decoder_forced=forced, embed=obj.embed)
             if sp.is_beam:  # one search, whose k results come back under k rids
                 k = sp.num_return_sequences
                 beam_rids = [f"{base_rid}-{i}" for i in range(k)] if k > 1 else None
@@ -385,6 +391,22 @@ class TokenizerManager:
         if not dec or (dec[0] != start and dec[0] != self._previous_text_token):
             dec = [start] + dec  # (Whisper's previous text comes before the start token)
         return ids, dec, forced
+
+    def _check_embedding(self, obj: GenerateReqInput, items: list[dict[str, Any]]) -> None:
+        """An embedding is a text encoder's output: refuse a model without one, and what only
+        generation has (a ValueError naming it)."""
+        if not self.is_encoder_decoder or self.info.get("has_audio"):
+            raise ValueError(f"embeddings need a model with a text encoder; "
+                             f"{self.info['architecture']} has none (T5, BART and the "
+                             f"translation models have)")
+        for name, on in (("stream", obj.stream), ("return_logprob", obj.return_logprob),
+                         ("decoder_input_ids", any(i["decoder_input_ids"] for i in items)),
+                         ("max_new_tokens other than 0", any(
+                             _sets(i["sampling_params"], "max_new_tokens")
+                             and SamplingParams.from_dict(i["sampling_params"]).max_new_tokens
+                             for i in items))):
+            if on:
+                raise ValueError(f"{name} cannot be combined with an embedding request")
 
     def _default_whisper_prompt(self) -> list[int]:
         """A speech model's prompt when the caller gives none: an English-only model's
@@ -718,3 +740,8 @@ def _merged(pieces: list[TokenOutput]) -> TokenOutput:
         input_logprobs=next((p.input_logprobs for p in reversed(pieces)
                              if p.input_logprobs is not None), None),
         detokenize=next((p.detokenize for p in reversed(pieces) if p.detokenize), None))
+
+
+def _sets(params: Any, name: str) -> bool:
+    """Whether a prompt's sampling params set `name` (a SamplingParams object sets all)."""
+    return params is not None and (not isinstance(params, dict) or name in params)

@@ -38,6 +38,9 @@ class TokenizedRequest:
     # would force as generated (forced_bos_token_id: NLLB's, mBART-50's target language):
     # they count in a beam's length penalty as HF counts them, never in max_new_tokens
     decoder_forced: int = 0
+    # an embedding (/v1/embeddings): finished after the encoder stage with its input's
+    # pooled encoder output (EncoderCacheEntry.embedding), no decoder step
+    embed: bool = False
 
     @property
     def result_rids(self) -> list[str]:

@@ -49,6 +49,7 @@ class Req:
     cross_spans: list[tuple[int, int, int]] | None = None  # cross K/V each position reads
     user: str | None = None  # the caller's user id (cache isolation)
     beam_rids: list[str] | None = None  # beam search: the rids of its results, best first
+    embed: bool = False  # finished after the encoder stage with its input's embedding
 
     # --- set by the scheduler: encoder part ---
     segments: list[EncoderSegment] = field(default_factory=list)

@@ -112,7 +112,7 @@ class Scheduler:
         arch = model_config.arch
         self.limits = ModelLimits(  # sent to the frontend at start-up (scheduler_info)
             vocab_size=arch.vocab_size,
-            input_vocab_size=getattr(arch, "input_vocab_size", arch.vocab_size),
+            input_vocab_size=arch.input_vocab_size,
             is_encoder_decoder=arch.is_encoder_decoder,
             context_length=w.req_to_token_pool.max_context_len,
             max_encoder_len=w.req_to_token_pool.max_encoder_len,
@@ -167,7 +167,7 @@ class Scheduler:
             top_logprobs_num=tr.top_logprobs_num, logprob_start_len=k,
             encoder_key=tr.encoder_key,
             encoder_inputs=list(tr.encoder_inputs), cross_spans=tr.cross_spans, user=tr.user,
-            beam_rids=list(tr.beam_rids) if tr.beam_rids else None,
+            beam_rids=list(tr.beam_rids) if tr.beam_rids else None, embed=tr.embed,
         )
         req.grammar = self.grammars.row(sp)  # compiled (or cached) now: a bad one is refused
         if sp.is_beam:  # (a grammar's end is an EOS even with ignore_eos: grammar_rows.py)
@@ -262,6 +262,9 @@ class Scheduler:
             self.encoder_stage.run(jobs)
             self._count(ForwardMode.ENCODE.value, len(jobs))
         assert all(r.cross_ready for r in admitted)
+        if any(r.embed for r in admitted):  # done: no decoder step
+            self.notices += [self._finish_embedding(r) for r in admitted if r.embed]
+            admitted = [r for r in admitted if not r.embed]
         if admitted and not all(joins_decode(r) for r in admitted):
             return self._extend(admitted)  # (the one-token requests ride along)
         self.running += admitted  # new rows of the next decode step
@@ -471,6 +474,20 @@ class Scheduler:
             self.running.remove(req)
         out = self._output(req, [])
         out.extra["kv_bytes"] = kv_bytes
+        return out
+
+    def _finish_embedding(self, req: Req) -> TokenOutput:
+        """An embedding request after the encoder stage: its input's pooled encoder output
+        (`EncoderCacheEntry.embedding`; reading it waits for the encoder pass). Its decoder
+        pages were never computed: released, not offered to the radix cache."""
+        [entry] = req.cross_entries
+        assert entry.embedding is not None, "every encoded or projected entry is pooled"
+        req.finished_reason = FinishReason("stop")
+        req.first_token_time = req.finish_time = time.monotonic()
+        embedding = entry.embedding.tolist()
+        self.memory.release(req)
+        out = self._output(req, [])
+        out.extra["embedding"] = embedding
         return out
 
     def _beam_steps(self, groups: list[BeamGroup], result: StepOutput,

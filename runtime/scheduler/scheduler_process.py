@@ -58,10 +58,11 @@ def scheduler_info(scheduler: Scheduler) -> dict:
     return {
         # what the TokenizerManager needs to prepare the model's own inputs besides text
         # (the model's config says; Mllama: its image processor's settings)
-        **(arch.frontend_info() if hasattr(arch, "frontend_info") else {}),
+        **arch.frontend_info(),
         "architecture": scheduler.model_config.architecture,
-        "decoder_start_token_id": getattr(arch, "decoder_start_token_id", None),
+        "decoder_start_token_id": arch.decoder_start_token_id,
         "forced_bos_token_id": scheduler.model_config.forced_bos_token_id,
+        "min_length": scheduler.model_config.generation_min_length,
         **dataclasses.asdict(scheduler.limits),  # what a request may be (ModelLimits)
         "encoder_cache": mem.encoder_cache is not None and mem.encoder_cache.enabled,
         "device": runner.device,
