@@ -7,7 +7,9 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
 1. `tests`: the `gpu`-marked tests (Triton against torch_native and HF, CUDA graphs on == off,
    decode with and without split-KV in bf16 and fp16 for T5, Llama and Mllama).
 2. `serve <shape>`: `seq2serve serve` on each real shape with random weights in bf16, then one
-   request over HTTP (completion, chat, chat with an image) that must return every token.
+   request over HTTP (completion, chat, chat with an image) that must return every token, and
+   one newer feature: /v1/embeddings (unit vectors) on the encoder-decoder text shapes, a
+   JSON-schema answer on Llama (it parses and is one of the schema's values).
 3. `bench`: a short `bench one-batch` and `bench offline` on mT5-large (figures printed).
 4. `serving`: mT5-large served and loaded by `bench serving` (128 streams from 8 client
    processes, 512 requests, 64 -> 64), the offline engine on the same workload in the same
@@ -109,6 +111,44 @@ def _request(shape: str) -> tuple[str, dict]:
     return "/v1/completions", {**common, "prompt": "translate English to German: Good morning."}
 
 
+SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
+          "required": ["colour"], "additionalProperties": False}
+
+
+def _feature(shape: str, url: str) -> tuple[bool, str]:
+    """One newer feature per shape on the GPU: an encoder-decoder text model's /v1/embeddings
+    (the encoder stage's pooling; unit vectors), a Llama's JSON-schema output (the grammar
+    mask in the sampler; the answer parses and is one of the schema's values)."""
+    import json
+
+    import httpx
+
+    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    if shape.startswith("llama"):
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": model, "max_tokens": 32, "messages": [
+                {"role": "user", "content": "Pick a colour."}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "c", "schema": SCHEMA}}})
+        if r.status_code != 200:
+            return False, f"json_schema {r.status_code} {r.text[:300]}"
+        text = r.json()["choices"][0]["message"]["content"]
+        try:
+            ok = json.loads(text)["colour"] in SCHEMA["properties"]["colour"]["enum"]
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        return ok, f"json_schema -> {text!r}"
+    if shape.startswith(("mllama", "whisper")):
+        return True, ""
+    r = httpx.post(url + "/v1/embeddings", timeout=120, json={
+        "model": model, "input": ["Good morning.", "A longer sentence to embed here."],
+        "encoding_format": "float"})
+    if r.status_code != 200:
+        return False, f"embeddings {r.status_code} {r.text[:300]}"
+    norms = [sum(x * x for x in d["embedding"]) ** 0.5 for d in r.json()["data"]]
+    return all(abs(n - 1) < 1e-2 for n in norms), f"embeddings norms {norms}"
+
+
 def check_serve(shape: str) -> bool:
     import httpx
 
@@ -149,6 +189,9 @@ def check_serve(shape: str) -> bool:
         detail = (f"ready in {ready:.0f} s, {path} {r.status_code} in "
                   f"{' then '.join(latencies)} ms, "
                   f"{r.json().get('usage') if r.status_code == 200 else r.text[:300]}")
+        if ok:
+            ok, more = _feature(shape, url)
+            detail += f"; {more}" if more else ""
         return verdict(f"serve {shape}", ok, detail)
     finally:
         proc.send_signal(signal.SIGTERM)
