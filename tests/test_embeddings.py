@@ -113,3 +113,24 @@ def test_a_decoder_only_model_is_a_400(tmp_path):
             _client(server).embeddings.create(model=path, input="hello")
     finally:
         server.kill()
+
+
+def test_the_engine_embeds_as_the_endpoint_does(tmp_path):
+    """Seq2SeqEngine.embed: one vector for one text, a list for a list, equal to HF's pooled
+    encoder output; a decoder-only model is a ValueError naming it."""
+    from seq2serve import Seq2SeqEngine
+
+    path = str(make_t5(tmp_path / "t5", **T5_CONFIGS["mt5_gated_untied"]))
+    _, tok = _hf(path)
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
+        one = engine.embed(TEXTS[0])
+        many = engine.embed(TEXTS)
+        by_ids = engine.embed(input_ids=tok(TEXTS[1]).input_ids)
+    assert isinstance(one[0], float) and len(many) == len(TEXTS)
+    for text, got in [(TEXTS[0], one), *zip(TEXTS, many), (TEXTS[1], by_ids)]:
+        want = hf_embedding(path, tok(text).input_ids)
+        torch.testing.assert_close(torch.tensor(got), want, atol=1e-5, rtol=0)
+    llama = write_llama_checkpoint(tmp_path / "llama")
+    with Seq2SeqEngine(model_path=str(llama), device="cpu") as engine:
+        with pytest.raises(ValueError, match="LlamaForCausalLM"):
+            engine.embed("hello")

@@ -125,6 +125,21 @@ class Seq2SeqEngine:
         results = self._call(_collect_all(self.tokenizer_manager, chunks))
         return results if _returns_list(obj) else results[0]
 
+    def embed(self, text: str | list[str] | None = None,
+              input_ids: list[int] | list[list[int]] | None = None,
+              user: str | None = None) -> list[float] | list[list[float]]:
+        """Each input's embedding, as `/v1/embeddings` gives it: the encoder's output averaged
+        over all the input's tokens (EOS included), L2-normalised; one vector for one input,
+        a list for a list. Encoder-decoder text models only (ValueError naming the model
+        otherwise). The encoder stage computes it in the same batches and through the same
+        encoder cache as generation: an input generated from before costs no encoder pass."""
+        obj = GenerateReqInput(text=text, input_ids=input_ids,
+                               sampling_params={"max_new_tokens": 0}, embed=True, user=user)
+        chunks = split_rows(obj, self.args.max_batch_inputs)
+        results = self._call(_collect_all(self.tokenizer_manager, chunks))
+        vectors = [r["meta_info"]["embedding"] for r in results]
+        return vectors if _returns_list(obj) else vectors[0]
+
     def transcribe(self, audio: Any, language: str | None = None, task: str = "transcribe",
                    sampling_params: dict | None = None, prompt: str | None = None,
                    chunk_length_s: float = 30.0,
