@@ -15,19 +15,16 @@ from fastapi import Request
 
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_protocol import EmbeddingRequest
-from seq2serve.runtime.frontend.openai_serving import OpenAIServing, RequestError
+from seq2serve.runtime.frontend.openai_serving import OpenAIServing, text_or_ids
 
 
 async def embeddings(serving: OpenAIServing, body: EmbeddingRequest,
                      request: Request) -> dict[str, Any]:
     serving.check_model(body.model)
     serving.refuse(body, "/v1/embeddings")
-    given = body.input
-    if isinstance(given, list) and not given:
-        raise RequestError("input is an empty list", param="input")
-    is_ids = isinstance(given, list) and isinstance(given[0], (int, list))
-    obj = GenerateReqInput(text=None if is_ids else given, input_ids=given if is_ids else None,
-                           sampling_params={"max_new_tokens": 0}, embed=True, user=body.user)
+    text, input_ids = text_or_ids(body.input, "input")
+    obj = GenerateReqInput(text=text, input_ids=input_ids, sampling_params={"max_new_tokens": 0},
+                           embed=True, user=body.user)
     results = await serving.collect(obj, request)
     data = [{"object": "embedding", "index": i,
              "embedding": _encoded(r["meta_info"]["embedding"], body.encoding_format)}

@@ -84,6 +84,15 @@ def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(guarded(), media_type="text/event-stream")
 
 
+def text_or_ids(value: Any, param: str) -> tuple[Any, Any]:
+    """An OpenAI `prompt` / `input` (a string, strings, token ids or lists of them) as
+    GenerateReqInput's (text, input_ids); an empty list is a 400 naming `param`."""
+    if isinstance(value, list) and not value:
+        raise RequestError(f"{param} is an empty list", param=param)
+    is_ids = isinstance(value, list) and isinstance(value[0], (int, list))
+    return (None, value) if is_ids else (value, None)
+
+
 def _finish(reason: dict | None) -> str | None:
     if reason is None:
         return None
@@ -208,15 +217,12 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
         self.refuse(body, "/v1/completions")
-        prompt = body.prompt
-        if isinstance(prompt, list) and not prompt:
-            raise RequestError("prompt is an empty list", param="prompt")
-        is_ids = isinstance(prompt, list) and isinstance(prompt[0], (int, list))
+        text, input_ids = text_or_ids(body.prompt, "prompt")
         logprobs = body.logprobs is not None
         self.check_beams(body, logprobs)
         grammar, grammar_param = self.grammar(body)
         obj = GenerateReqInput(
-            text=None if is_ids else prompt, input_ids=prompt if is_ids else None,
+            text=text, input_ids=input_ids,
             sampling_params={**self.sampling(body, body.max_tokens), **grammar},
             stream=body.stream, return_logprob=logprobs, top_logprobs_num=body.logprobs or 0,
             user=body.user)
