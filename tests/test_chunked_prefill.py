@@ -123,18 +123,37 @@ def test_running_requests_decode_between_chunks(llama_dir, overlap):
     assert out[CHUNK] == out[None] and len(out[CHUNK]) == 4
 
 
-def test_input_logprobs_prompts_are_not_chunked(llama_dir):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_input_logprobs_across_chunks(llama_dir, overlap):
+    """A prompt scored from `logprob_start_len` on: each chunk scores its tokens and the next
+    chunk's first (by its last logits); the whole equals the unchunked scores and HF's."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = LONG[:40]
+    starts = {"s0": 0, "s5": 5, "s16": 16, "s17": 17, "s39": 39}
     results, extends = {}, {}
     for size in (None, CHUNK):
-        sched = make_scheduler(llama_dir, chunked_prefill_size=size)
+        sched = make_scheduler(llama_dir, chunked_prefill_size=size, disable_radix_cache=True,
+                               disable_overlap_schedule=not overlap)
         launches = _watch(sched)
-        tr = request("scored", [], LONG[:40], max_new_tokens=3, ignore_eos=True)
-        tr.return_logprob, tr.logprob_start_len = True, 5
-        results[size] = _run(sched, {0: [tr]})["scored"]
+        reqs = []
+        for rid, k in starts.items():
+            tr = request(rid, [], prompt, max_new_tokens=0 if k == 39 else 3, ignore_eos=True)
+            tr.return_logprob, tr.logprob_start_len = True, k
+            reqs.append(tr)
+        results[size] = {rid: outs[0] for rid, outs in _run(sched, {0: reqs}).items()}
         extends[size] = [n for mode, _, n in launches if mode == "extend"]
-    assert extends[CHUNK] == extends[None] == [40]
-    assert results[CHUNK][0].input_logprobs == results[None][0].input_logprobs
-    assert _tokens(results[CHUNK]) == _tokens(results[None])
+    assert max(extends[CHUNK]) <= CHUNK and max(extends[None]) == 5 * 40
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    ref = [logp[p - 1, prompt[p]].item() for p in range(1, len(prompt))]
+    for rid, k in starts.items():
+        got, whole = results[CHUNK][rid].input_logprobs, results[None][rid].input_logprobs
+        assert len(got) == len(prompt) - k and (got[0] is None) == (k == 0), rid
+        drop = 1 if k == 0 else 0
+        torch.testing.assert_close(got[drop:], whole[drop:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got[drop:], ref[max(k, 1) - 1:], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -55,14 +55,17 @@ class ScheduleBatch:
             start, end = r.kv_len, r.seq_len
             if chunk is not None and r is chunk[0]:
                 end = chunk[1]
-                assert start < end <= r.seq_len and not r.wants_input_logprobs
+                assert start < end <= r.seq_len
             if r.wants_input_logprobs:  # token p is scored by the logits of token p - 1
                 first = max(r.logprob_start_len, 1)
-                assert first > start or first >= end, "a scored token's logits were cached"
+                later = start > r.cached_tokens  # a chunk after the first: `start` is scored
+                assert later or first > start or first >= end, "a scored token's logits were cached"
+                first = max(first, start + 1)
+                last = min(end + 1, r.seq_len)  # (a chunk scores the next one's first token)
                 offset = len(ids) - start
-                rows += [offset + p - 1 for p in range(first, end)]
-                targets += r.fill_ids[first:end]
-                scored.append((r, max(0, end - first)))
+                rows += [offset + p - 1 for p in range(first, last)]
+                targets += r.fill_ids[first:last]
+                scored.append((r, max(0, last - first)))
             new.append((start, end))
             slots = memory.alloc_tokens(r, end)
             assert slots is not None, "scheduler admitted a request the KV pool cannot hold"

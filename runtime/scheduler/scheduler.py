@@ -431,7 +431,7 @@ class Scheduler:
                 victim.grammar.reset()
         else:
             if victim is self.chunked:  # (its chunks start over: nothing of it was cached)
-                self.chunked = None
+                self.chunked, victim.input_logprobs_part = None, []
             else:
                 self.running.remove(victim)
             self.memory.release(victim, keep_cross=True)
@@ -464,7 +464,8 @@ class Scheduler:
         now = time.monotonic()
         ids = result.token_ids
         if batch.scored:
-            _hand_out_input_logprobs(batch.scored, result.input_token_logprobs)
+            _hand_out_input_logprobs(batch.scored, result.input_token_logprobs,
+                                     batch.prefilling)
         for i, req in enumerate(batch.reqs):
             if req.finished or req.beam is not None or req in batch.prefilling:
                 continue  # finished (or aborted) while this step was in flight; beam rows
@@ -682,10 +683,16 @@ class Scheduler:
         self.memory.check(list(self.running) + list(self.waiting) + chunked)
 
 
-def _hand_out_input_logprobs(scored: list[tuple[Req, int]], values: list[float]) -> None:
-    """Each scored request's share of an EXTEND's input log-probs (None for position 0)."""
+def _hand_out_input_logprobs(scored: list[tuple[Req, int]], values: list[float],
+                             prefilling: list[Req]) -> None:
+    """Each scored request's share of an EXTEND's input log-probs (None for position 0),
+    kept apart until its prompt's last chunk (`prefilling`: the others)."""
     start = 0
     for req, count in scored:
-        head: list[float | None] = [None] if req.logprob_start_len == 0 else []
-        req.input_logprobs = head + (values or [])[start:start + count]
+        got = (values or [])[start:start + count]
+        if req in prefilling:
+            req.input_logprobs_part += got
+        else:
+            head: list[float | None] = [None] if req.logprob_start_len == 0 else []
+            req.input_logprobs, req.input_logprobs_part = head + req.input_logprobs_part + got, []
         start += count

@@ -41,10 +41,9 @@ def joins_decode(r: Req) -> bool:
 def chunkable(r: Req) -> bool:
     """A request whose decoder prompt may be prefilled in chunks over several steps: no
     encoder input (Mllama's per-position image ranges and encoder-decoder prefixes stay whole
-    until a test covers them), not a beam group (its first step makes its rows from the
-    prompt's logits) and no input log-probs to score (a chunk's first token is scored by the
-    logits of the chunk before's last)."""
-    return not r.segments and r.beam is None and not r.wants_input_logprobs
+    until a test covers them) and not a beam group (its first step makes its rows from the
+    prompt's logits). Input log-probs are scored chunk by chunk (`ScheduleBatch.extend`)."""
+    return not r.segments and r.beam is None
 
 
 def chunk_end(r: Req, budget: int) -> int:
