@@ -220,3 +220,27 @@ def test_beam_rows_decode_while_a_long_prompt_is_prefilled(llama_dir, size):
             arrivals[3] = [request("long", [], LONG, max_new_tokens=4, ignore_eos=True)]
         out[long] = _tokens(_run(sched, arrivals)["beam"])
     assert out[True] == out[False]
+
+
+def test_memory_pressure_retracts_the_chunked_prompt_first(llama_dir):
+    """A pool too small for the running requests' growth and the long prompt together: the
+    prompt being chunked (no token yet) is retracted, starts over later, and every request
+    still generates what it generates with room to spare."""
+    out, victims = {}, []
+    for tokens in (4096, 224):  # 224: 14 pages of 16
+        # chunks of 4: the prompt's 23 chunks take longer than the running requests take to
+        # need more pages than the pool has left
+        sched = make_scheduler(llama_dir, chunked_prefill_size=4, max_total_tokens=tokens)
+        retract = sched._retract
+
+        def watched(victim, sched=sched, retract=retract):
+            victims.append((tokens, victim.rid, victim is sched.chunked))
+            retract(victim)
+
+        sched._retract = watched
+        arrivals = {0: [request(f"s{k}", [], LONG[50 + k:63 + k], max_new_tokens=40,
+                                ignore_eos=True) for k in range(3)],
+                    2: [request("long", [], LONG, max_new_tokens=4, ignore_eos=True)]}
+        out[tokens] = {rid: _tokens(o) for rid, o in _run(sched, arrivals).items()}
+    assert victims and victims[0] == (224, "long", True), victims
+    assert out[224] == out[4096] and len(out[224]) == 4
