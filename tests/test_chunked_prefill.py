@@ -75,7 +75,10 @@ def test_chunked_outputs_equal_unchunked_and_hf(llama_dir, overlap):
             tr = request(f"g{i}", [], ids, max_new_tokens=NEW, ignore_eos=True)
             lp = request(f"l{i}", [], ids, max_new_tokens=NEW, ignore_eos=True)
             lp.return_logprob = True
-            reqs += [tr, lp]
+            sampled = request(f"t{i}", [], ids, max_new_tokens=NEW, ignore_eos=True,
+                              temperature=0.8, top_p=0.9, seed=100 + i,
+                              repetition_penalty=1.3)  # (reads every token: no overlap)
+            reqs += [tr, lp, sampled]
         results[size] = _run(sched, {0: reqs})
         extends = [n for mode, _, n in launches if mode == "extend"]
         if size is None:
@@ -91,6 +94,9 @@ def test_chunked_outputs_equal_unchunked_and_hf(llama_dir, overlap):
         assert len(set(ref)) > NEW // 4, f"prompt {i} degenerate: {ref}"
         for rid in (f"g{i}", f"l{i}"):
             assert _tokens(results[CHUNK][rid]) == _tokens(results[None][rid]) == ref, rid
+        # seeded sampling with a penalty: its dropped chunk samples change nothing
+        assert _tokens(results[CHUNK][f"t{i}"]) == _tokens(results[None][f"t{i}"])
+        assert _tokens(results[CHUNK][f"t{i}"]) != ref, "sampling made no difference"
         torch.testing.assert_close(_logprobs(results[CHUNK][f"l{i}"]),
                                    _logprobs(results[None][f"l{i}"]), atol=1e-4, rtol=0)
         assert len(_logprobs(results[CHUNK][f"l{i}"])) == NEW
