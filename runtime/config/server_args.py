@@ -57,6 +57,7 @@ class ServerArgs:
     max_cross_tokens: int | None = None  # cross K/V pool size in tokens (unset: from the budget)
     max_running_requests: int = 256  # requests decoding at once (more wait in the queue)
     max_prefill_tokens: int = 16384  # decoder tokens admitted by one extend batch
+    chunked_prefill_size: int | None = None  # tokens per prefill chunk of long prompts (unset: off)
     max_encoder_batch_tokens: int = 16384  # encoder inputs' tokens per encoder pass
     context_length: int | None = None  # longest decoder sequence (unset: the model's, else 2048)
     max_encoder_len: int | None = None  # longest encoder input (unset: the model's, else 2048)
@@ -134,7 +135,7 @@ class ServerArgs:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("max_total_tokens", "max_cross_tokens", "context_length", "max_encoder_len",
-                     "max_prompt_tokens", "max_new_tokens_limit"):
+                     "max_prompt_tokens", "max_new_tokens_limit", "chunked_prefill_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")

@@ -70,6 +70,7 @@ class Req:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     # the decoder input's log-probs from logprob_start_len on, set by its first extend
     input_logprobs: list[float | None] | None = None
+    input_logprobs_part: list[float] = field(default_factory=list)  # chunks before the last
     finished_reason: FinishReason | None = None
     num_retractions: int = 0
     fair_tag: int = 0  # admission order across callers (policy.FairPolicy)

@@ -26,28 +26,46 @@ class ScheduleBatch:
     beam_groups: list = field(default_factory=list)  # in the sampler's candidate order
     # requests whose decoder input this EXTEND scores, and how many log-probs each gets
     scored: list[tuple[Req, int]] = field(default_factory=list)
+    # requests whose prompt this EXTEND computes only a chunk of: their sample is not a token
+    prefilling: list[Req] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
         return len(self.reqs)
 
+    @property
+    def sampled(self) -> list[Req | None]:
+        """Each row's request, None where its sample is no token (a chunk before a prompt's
+        last): a step launched after this one takes no input from such a row."""
+        if not self.prefilling:
+            return self.reqs
+        return [None if r in self.prefilling else r for r in self.reqs]
+
     @classmethod
-    def extend(cls, reqs: list[Req], memory: RequestMemory,
-               sampling: SamplingBatch | None) -> ScheduleBatch:
+    def extend(cls, reqs: list[Req], memory: RequestMemory, sampling: SamplingBatch | None,
+               chunk: tuple[Req, int] | None = None) -> ScheduleBatch:
         """An EXTEND batch: every decoder token of `reqs` not yet in the KV pool (prompts,
-        and everything a retracted request had). The caller has made sure the pool has room
-        (admission). Decode steps take `decode_batch`, the per-step fast path."""
+        and everything a retracted request had); with `chunk` (request, end), that request's
+        only up to position `end` (chunked prefill: its keys are the positions before `end`).
+        The caller has made sure the pool has room (admission). Decode steps take
+        `decode_batch`, the per-step fast path."""
         ids, positions, locs, extend_lens, new = [], [], [], [], []
         rows, targets, scored = [], [], []
         for r in reqs:
             start, end = r.kv_len, r.seq_len
+            if chunk is not None and r is chunk[0]:
+                end = chunk[1]
+                assert start < end <= r.seq_len
             if r.wants_input_logprobs:  # token p is scored by the logits of token p - 1
                 first = max(r.logprob_start_len, 1)
-                assert first > start or first >= end, "a scored token's logits were cached"
+                later = start > r.cached_tokens  # a chunk after the first: `start` is scored
+                assert later or first > start or first >= end, "a scored token's logits were cached"
+                first = max(first, start + 1)
+                last = min(end + 1, r.seq_len)  # (a chunk scores the next one's first token)
                 offset = len(ids) - start
-                rows += [offset + p - 1 for p in range(first, end)]
-                targets += r.fill_ids[first:end]
-                scored.append((r, max(0, end - first)))
+                rows += [offset + p - 1 for p in range(first, last)]
+                targets += r.fill_ids[first:last]
+                scored.append((r, max(0, last - first)))
             new.append((start, end))
             slots = memory.alloc_tokens(r, end)
             assert slots is not None, "scheduler admitted a request the KV pool cannot hold"
@@ -65,14 +83,15 @@ class ScheduleBatch:
             cross_kv_start=kv_start,
             cross_kv_end=kv_end,
             req_pool_indices=[r.req_pool_idx for r in reqs],
-            seq_lens=[r.seq_len for r in reqs],
+            seq_lens=[end for _, end in new],
             extend_lens=extend_lens,
             encoder_lens=[r.encoder_len for r in reqs],
         ), sampling)
         if rows:
             wb.input_logprobs = InputLogprobRows(torch.tensor(rows, dtype=torch.int64),
                                                  torch.tensor(targets, dtype=torch.int64))
-        return cls(ForwardMode.EXTEND, reqs, wb, scored=scored)
+        prefilling = [r for r in reqs if r.kv_len < r.seq_len]  # (kv_len: where it ended)
+        return cls(ForwardMode.EXTEND, reqs, wb, scored=scored, prefilling=prefilling)
 
 
 def decode_batch(reqs: list[Req], memory: RequestMemory,

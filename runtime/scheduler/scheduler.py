@@ -3,7 +3,9 @@
 Each `step()` admits waiting requests (encoder stage for those that need it) and runs one
 decoder forward: a DECODE step for every running request, the admitted ones whose decoder
 prompt is one token (T5's start token) among them as new rows, or, when an admitted request
-has a longer decoder prompt, one EXTEND batch of the admitted requests' prompts. Which rows a
+has a longer decoder prompt, one EXTEND batch of the admitted requests' prompts (with
+`--chunked-prefill-size`, a long one's next chunk, a decode step of the others between two
+chunks: `_next_chunk`). Which rows a
 step computes and where their inputs come from is `step_plan.py`; building and launching it,
 `step_launcher.py`. Finished requests leave and free their memory at once. When the KV pool cannot hold the next decode step, the requests with the
 least progress are retracted (memory freed, cross K/V kept) and resumed later by recomputing.
@@ -47,7 +49,13 @@ from seq2serve.runtime.scheduler.req import FinishReason, Req
 from seq2serve.runtime.scheduler.request_memory import InputsNeeded, RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch
 from seq2serve.runtime.scheduler.step_launcher import InFlight, StepLauncher
-from seq2serve.runtime.scheduler.step_plan import joins_decode, overlappable, rows_ahead
+from seq2serve.runtime.scheduler.step_plan import (
+    chunk_end,
+    chunkable,
+    joins_decode,
+    overlappable,
+    rows_ahead,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +141,10 @@ class Scheduler:
         self.wait_seconds = 0.0
         self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
         self.in_flight: InFlight | None = None
+        # chunked prefill: the request whose prompt is part computed (held apart from `running`
+        # until its last chunk is launched), and whether the running batch decodes next
+        self.chunked: Req | None = None
+        self.decode_turn = False
         self.launcher = StepLauncher(self.worker, self.memory, model_config.vocab_size,
                                      self.eos_ids, self.device,
                                      forced_eos=model_config.forced_eos_token_ids,
@@ -213,6 +225,8 @@ class Scheduler:
             return None
         if req in self.waiting:
             self.waiting.remove(req)
+        elif req is self.chunked:  # (a chunk in flight is not processed: it is finished)
+            self.chunked = None
         elif req.beam is not None:
             self.running = [r for r in self.running if r.beam is not req.beam]
         else:
@@ -229,7 +243,7 @@ class Scheduler:
 
     def find(self, rid: str) -> Req | None:
         """The request of `rid` (for a beam request: of any of its result rids)."""
-        for reqs in (self.running, self.waiting):
+        for reqs in (self.running, self.waiting, [self.chunked] if self.chunked else []):
             for r in reqs:
                 if r.rid == rid or (r.beam_rids is not None and rid in r.beam_rids):
                     return r.beam.rows[0] if r.beam is not None else r
@@ -238,7 +252,8 @@ class Scheduler:
     # --- the loop body -----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight or self.notices)
+        return bool(self.waiting or self.running or self.in_flight or self.notices
+                    or self.chunked)
 
     def step(self) -> list[TokenOutput]:
         """Run one decoder forward, with the encoder stage before it when admitted requests
@@ -257,6 +272,8 @@ class Scheduler:
         return outputs
 
     def _step(self) -> list[TokenOutput]:
+        if self.chunked is not None:
+            return self._next_chunk()
         admitted, jobs = self._admit()
         if jobs:  # queued on the device's stream behind the step in flight: nothing waits
             self.encoder_stage.run(jobs)
@@ -275,21 +292,51 @@ class Scheduler:
             self.check_integrity()
         return outputs
 
+    def _next_chunk(self) -> list[TokenOutput]:
+        """A step while a prompt is prefilled in chunks (no admission meanwhile): a decode
+        step of the running batch after each chunk, then the prompt's next chunk. A last
+        chunk of one token is a row of the decode step (`joins_decode`)."""
+        if self.decode_turn and self.running:
+            self.decode_turn = False
+            return self._decode_step()
+        req, self.chunked = self.chunked, None
+        if joins_decode(req):
+            self.running.append(req)
+            return self._decode_step()
+        return self._extend([req])
+
+    def _chunk(self, reqs: list[Req]) -> tuple[Req, int] | None:
+        """The request of an EXTEND whose prompt this step computes a chunk of, and where the
+        chunk ends: the last one, when chunkable and past the step's prefill budget."""
+        size = self.args.chunked_prefill_size
+        if size is None or not chunkable(reqs[-1]):
+            return None
+        others = sum(r.seq_len - r.kv_len for r in reqs[:-1])
+        end = chunk_end(reqs[-1], min(size, self.args.max_prefill_tokens) - others)
+        return (reqs[-1], end) if end < reqs[-1].seq_len else None
+
     def _extend(self, admitted: list[Req]) -> list[TokenOutput]:
-        """The decoder prompts of `admitted` as one EXTEND. With the overlap schedule it is
-        launched before the step in flight is read, and the next decode step takes its
-        sampled tokens on the device; a beam group's first step, or a request that reads
-        every generated token, runs it with the host waiting."""
+        """The decoder prompts of `admitted` as one EXTEND (the last one's next chunk only,
+        when it is prefilled in chunks: it waits in `chunked`, out of the running batch, and
+        is not sampled). With the overlap schedule it is launched before the step in flight
+        is read, and the next decode step takes its sampled tokens on the device; a beam
+        group's first step, or a request that reads every generated token, runs it with the
+        host waiting."""
+        chunk = self._chunk(admitted)
+        part = chunk[0] if chunk is not None else None
         if self.overlap and overlappable(admitted):
-            launched = self._launch(ForwardMode.EXTEND, admitted)
+            launched = self._launch(ForwardMode.EXTEND, admitted, chunk=chunk)
             outputs = self._flush()
             self.in_flight = launched
-            self.running += admitted  # (finished ones leave when it is read)
-            return outputs
-        outputs = self._flush()
-        outputs += self._run(ForwardMode.EXTEND, admitted)
-        # (a beam request retracted at its first step is back in the queue, not running)
-        self.running.extend(r for r in admitted if not r.finished and r.req_pool_idx is not None)
+            # (finished ones leave when it is read)
+            self.running += [r for r in admitted if r is not part]
+        else:
+            outputs = self._flush()
+            outputs += self._run(ForwardMode.EXTEND, admitted, chunk)
+            # (a beam request retracted at its first step is back in the queue, not running)
+            self.running.extend(r for r in admitted if not r.finished
+                                and r.req_pool_idx is not None and r is not part)
+        self.chunked, self.decode_turn = part, part is not None
         return outputs
 
     def _decode_step(self) -> list[TokenOutput]:
@@ -298,7 +345,7 @@ class Scheduler:
             # each running request was in `prev` (one token the host has not seen, on the
             # device) or is fresh (one token to compute, on the host: its last token read, or
             # just admitted)
-            ahead = rows_ahead(self.running, prev.batch.reqs, self.memory.page_size)
+            ahead = rows_ahead(self.running, prev.batch.sampled, self.memory.page_size)
             if ahead is not None and ahead[0] and self.memory.make_room(ahead[1]):
                 self.in_flight = self._launch(ForwardMode.DECODE, ahead[0], prev=prev)
                 return self._resolve(prev)
@@ -325,13 +372,15 @@ class Scheduler:
         returns them and the encoder work they still need."""
         admitted: list[Req] = []
         jobs: list = []
-        budget = self.args.max_prefill_tokens
+        size = self.args.chunked_prefill_size  # (also the step's prefill budget)
+        budget = min(self.args.max_prefill_tokens, size or self.args.max_prefill_tokens)
         rows = len(self.running)  # decoder rows: a beam request runs num_beams of them
         while self.waiting:
             req = self.waiting.peek()
             if rows + req.sampling_params.num_beams > self.args.max_running_requests:
                 break
-            if admitted and req.seq_len > budget:
+            cut = size is not None and chunkable(req)  # its prompt may start with a chunk
+            if admitted and req.seq_len > budget and not (cut and budget > 0):
                 break
             # keep a page free for every running row's next decode step
             reserve = rows + req.sampling_params.num_beams - 1
@@ -350,6 +399,8 @@ class Scheduler:
             jobs += req_jobs
             budget -= req.seq_len
             rows += req.sampling_params.num_beams
+            if cut and budget < 0:  # (prefilled in chunks from this step on: the last)
+                break
         return admitted, jobs
 
     def _make_room_for_decode(self) -> None:
@@ -357,6 +408,9 @@ class Scheduler:
             return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
 
         while not self.memory.make_room(need()):
+            if self.chunked is not None:  # no token yet: the least progress of all
+                self._retract(self.chunked)
+                continue
             victim = self.waiting.victim(self.running)
             assert len(self.running) > len(victim.beam.rows if victim.beam else [victim]), \
                 "a lone request always fits (checked at admission)"
@@ -376,19 +430,23 @@ class Scheduler:
             if victim.grammar is not None:  # (its matcher followed the beam it ran)
                 victim.grammar.reset()
         else:
-            self.running.remove(victim)
+            if victim is self.chunked:  # (its chunks start over: nothing of it was cached)
+                self.chunked, victim.input_logprobs_part = None, []
+            else:
+                self.running.remove(victim)
             self.memory.release(victim, keep_cross=True)
         victim.num_retractions += 1
         self.num_retractions += 1
         self.waiting.push_front(victim)
         logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
-    def _run(self, mode: ForwardMode, reqs: list[Req]) -> list[TokenOutput]:
-        return self._resolve(self._launch(mode, reqs))
+    def _run(self, mode: ForwardMode, reqs: list[Req],
+             chunk: tuple[Req, int] | None = None) -> list[TokenOutput]:
+        return self._resolve(self._launch(mode, reqs, chunk=chunk))
 
-    def _launch(self, mode: ForwardMode, reqs: list[Req],
-                prev: InFlight | None = None) -> InFlight:
-        launched = self.launcher.launch(mode, reqs, prev)
+    def _launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
+                chunk: tuple[Req, int] | None = None) -> InFlight:
+        launched = self.launcher.launch(mode, reqs, prev, chunk)
         self._count(mode.value, launched.batch.batch_size)
         return launched
 
@@ -406,10 +464,12 @@ class Scheduler:
         now = time.monotonic()
         ids = result.token_ids
         if batch.scored:
-            _hand_out_input_logprobs(batch.scored, result.input_token_logprobs)
+            _hand_out_input_logprobs(batch.scored, result.input_token_logprobs,
+                                     batch.prefilling)
         for i, req in enumerate(batch.reqs):
-            if req.finished or req.beam is not None:  # finished (or aborted) while this step
-                continue  # was in flight; beam rows advance by group, below
+            if req.finished or req.beam is not None or req in batch.prefilling:
+                continue  # finished (or aborted) while this step was in flight; beam rows
+                # advance by group, below; a prompt's chunk before its last samples nothing
             if req.sampling_params.max_new_tokens == 0:  # scored only: nothing is generated
                 outputs.append(self._finish_unsampled(req, now))
                 continue
@@ -619,13 +679,20 @@ class Scheduler:
     # --- integrity ---------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Every slot of every pool is free or owned by a live request (AssertionError if not)."""
-        self.memory.check(list(self.running) + list(self.waiting))
+        chunked = [self.chunked] if self.chunked is not None else []
+        self.memory.check(list(self.running) + list(self.waiting) + chunked)
 
 
-def _hand_out_input_logprobs(scored: list[tuple[Req, int]], values: list[float]) -> None:
-    """Each scored request's share of an EXTEND's input log-probs (None for position 0)."""
+def _hand_out_input_logprobs(scored: list[tuple[Req, int]], values: list[float],
+                             prefilling: list[Req]) -> None:
+    """Each scored request's share of an EXTEND's input log-probs (None for position 0),
+    kept apart until its prompt's last chunk (`prefilling`: the others)."""
     start = 0
     for req, count in scored:
-        head: list[float | None] = [None] if req.logprob_start_len == 0 else []
-        req.input_logprobs = head + (values or [])[start:start + count]
+        got = (values or [])[start:start + count]
+        if req in prefilling:
+            req.input_logprobs_part += got
+        else:
+            head: list[float | None] = [None] if req.logprob_start_len == 0 else []
+            req.input_logprobs, req.input_logprobs_part = head + req.input_logprobs_part + got, []
         start += count

@@ -50,13 +50,14 @@ class StepLauncher:
         self.forced_eos = forced_eos  # the model's forced_eos_token_id(s)
         self.begin_suppressed = begin_suppressed  # tokens never a request's first (Whisper)
 
-    def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None
-               ) -> InFlight:
+    def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
+               chunk: tuple[Req, int] | None = None) -> InFlight:
         """Build and launch a batch of `reqs`. With `prev` (the overlap schedule: the step in
         flight, whose outputs the host has not read), the requests of the batch that were in
         `prev` take its outputs on the device as their input; the others (fresh decode rows:
-        one host token each) take theirs from the host."""
-        rows = lay_out(reqs, prev.batch.reqs if prev is not None else None)
+        one host token each) take theirs from the host. `chunk` (an EXTEND's request and the
+        position its prefill stops at this step): `ScheduleBatch.extend`."""
+        rows = lay_out(reqs, prev.batch.sampled if prev is not None else None)
         assert mode is ForwardMode.DECODE or not rows.continuing, "no mixed forward yet"
         input_ids = order = None
         if rows.continuing:
@@ -81,7 +82,7 @@ class StepLauncher:
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling)
         else:
-            batch = ScheduleBatch.extend(rows.reqs, self.memory, sampling)
+            batch = ScheduleBatch.extend(rows.reqs, self.memory, sampling, chunk)
         wb: DecoderBatch = batch.worker_batch
         wb.input_ids_device = input_ids  # the first rows' inputs; the rest are on the host
         batch.beam_groups = rows.groups

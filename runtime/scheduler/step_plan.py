@@ -15,8 +15,11 @@ sampled on the device, that the host has not read yet. Today a step has one of t
 - EXTEND, several host tokens for some row (a Llama prompt, a forced decoder prefix, a
   retracted request's recompute, a request that scores its input): every row fresh.
 
-A mixed (chunked) forward would be an EXTEND layout with continuing rows among its rows;
-`StepRows` already says which rows continue and from where.
+With `--chunked-prefill-size` a long decoder prompt is an EXTEND of one chunk at a time
+(`chunkable`, `chunk_end`), and the running batch gets a DECODE step between two chunks; a
+mixed forward (the chunk and the decode rows in one EXTEND layout, continuing rows among its
+rows, as SGLang mixes them) is not built: `StepRows` already says which rows continue and from
+where, what is missing is docs/architecture.md's list under "Chunked prefill".
 """
 
 from __future__ import annotations
@@ -33,6 +36,20 @@ def joins_decode(r: Req) -> bool:
     no input to score, and not a beam group's first step (its rows are made on the host)."""
     return (r.seq_len - r.kv_len == 1 and r.sampling_params.max_new_tokens > 0
             and not r.wants_input_logprobs and r.beam is None)
+
+
+def chunkable(r: Req) -> bool:
+    """A request whose decoder prompt may be prefilled in chunks over several steps: no
+    encoder input (Mllama's per-position image ranges and encoder-decoder prefixes stay whole
+    until a test covers them) and not a beam group (its first step makes its rows from the
+    prompt's logits). Input log-probs are scored chunk by chunk (`ScheduleBatch.extend`)."""
+    return not r.segments and r.beam is None
+
+
+def chunk_end(r: Req, budget: int) -> int:
+    """Where this step's prefill of `r` ends: its whole sequence, or `budget` tokens on (at
+    least one: a chunk always makes progress)."""
+    return min(r.seq_len, r.kv_len + max(1, budget))
 
 
 def overlappable(reqs: list[Req]) -> bool:
@@ -57,17 +74,19 @@ def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
             and not (begin_suppressed and done == 0))
 
 
-def rows_ahead(running: list[Req], prev: list[Req], page_size: int
+def rows_ahead(running: list[Req], prev: list[Req | None], page_size: int
                ) -> tuple[list[Req], int] | None:
-    """The rows of a decode step launched before the step in flight (of requests `prev`) is
-    read, and the new pages they need; None when some running request cannot run so (it has
-    several tokens to compute). Requests whose token in flight is their last are left out."""
-    in_prev = {id(r) for r in prev}
+    """The rows of a decode step launched before the step in flight (of requests `prev`,
+    None for a row that samples no token: `ScheduleBatch.sampled`) is read, and the new pages
+    they need; None when some running request cannot run so (it has several tokens to
+    compute, or is a beam row the step in flight did not run). Requests whose token in flight
+    is their last are left out."""
+    in_prev = {id(r) for r in prev if r is not None}
     rows, pages = [], 0
     for r in running:
         pending = 1 if id(r) in in_prev else 0
-        if not pending and r.seq_len - r.kv_len != 1:
-            return None
+        if not pending and (r.seq_len - r.kv_len != 1 or r.beam is not None):
+            return None  # (a beam row reads its running score from the step in flight)
         if len(r.output_ids) + pending < r.sampling_params.max_new_tokens:
             rows.append(r)
             pages += r.kv_len == len(r.kv_pages) * page_size  # at a page boundary
@@ -94,13 +113,13 @@ class StepRows:
         return [1] * self.continuing + [0] * (len(self.reqs) - self.continuing)
 
 
-def lay_out(reqs: list[Req], prev: list[Req] | None) -> StepRows:
+def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     """Order `reqs` for one forward; `prev`: the requests of the step in flight whose sampled
     tokens are this step's inputs (None: every input is on the host)."""
     groups = sorted({id(r.beam): r.beam for r in reqs if r.beam is not None}.values(),
                     key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes keep order
     beam_rows = [r for g in groups for r in g.rows]
-    where = {id(r): i for i, r in enumerate(prev or ())}
+    where = {id(r): i for i, r in enumerate(prev or ()) if r is not None}
     others = [r for r in reqs if r.beam is None]
     fresh = [r for r in others if id(r) not in where]
     cont = beam_rows + [r for r in others if id(r) in where]
