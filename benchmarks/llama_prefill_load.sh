@@ -4,6 +4,7 @@
 # arriving at 10 req/s beside them; the decode streams' ITL p50 / p99 in both. Then sampled
 # against greedy decoding at 64 requests through the engine (`bench sampling`).
 #   bash benchmarks/llama_prefill_load.sh          (JSON and logs in $OUT or /tmp/llama_load)
+#   SERVE_ARGS="--chunked-prefill-size 512" SAMPLING=0 bash benchmarks/llama_prefill_load.sh
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 OUTDIR=${OUT:-/tmp/llama_load}; mkdir -p "$OUTDIR"; PORT=30001
@@ -46,6 +47,7 @@ print(f"long prompts: {r['input_tokens'] / r['requests']:.0f} tokens each, TTFT 
       f"{r['ttft']['p50_ms']:.1f} ms, p99 {r['ttft']['p99_ms']:.1f} ms")
 PY
 kill $SERVER; wait $SERVER 2>/dev/null
+[ "${SAMPLING:-1}" = 0 ] && exit 0  # SAMPLING=0: the serving part only
 echo "== sampled against greedy, 64 requests together (engine)"
 for EXTRA in "" "--unseeded" "--top-p 0.9" "--unseeded --top-p 0.9"; do
     echo "-- temperature 0.8 $EXTRA"
