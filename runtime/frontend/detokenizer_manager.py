@@ -19,6 +19,7 @@ from seq2serve.runtime.messages.io_struct import (
     BatchTokenOutput,
     ControlReply,
     DetokenizeSettings,
+    token_outputs,
 )
 from seq2serve.runtime.messages.ipc import IpcNames, parent_alive, socket
 
@@ -80,13 +81,17 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_
 
 
 def _waiting(recv, most: int = 64) -> list:
-    """The messages already queued on `recv` (at least one is), up to `most`."""
+    """The messages already queued on `recv` (at least one is), up to `most`, each step's
+    streamed-token columns as TokenOutputs."""
     msgs = [recv.recv_pyobj()]
     while len(msgs) < most:
         try:
             msgs.append(recv.recv_pyobj(zmq.NOBLOCK))
         except zmq.Again:
             break
+    for m in msgs:
+        if isinstance(m, BatchTokenOutput):
+            m.outputs = token_outputs(m.outputs)
     return msgs
 
 

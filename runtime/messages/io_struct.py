@@ -112,5 +112,55 @@ _token_output_values = operator.attrgetter(*(f.name for f in fields(TokenOutput)
 
 
 @dataclass
+class StreamedTokens:
+    """One step's streamed tokens of the requests whose output is a token and nothing else
+    (announced, not finished, no log-probs, no per-output cache hits), as columns. At 256
+    streams a step, one TokenOutput a row cost the scheduler ~1.3 ms to build and pickle;
+    these columns ~0.1 ms. The detokenizer turns them back into TokenOutputs
+    (`token_outputs`), so nothing after it changes."""
+
+    rids: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    completion_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+    encoder_cache_hits: list[bool] = field(default_factory=list)
+
+    def add(self, rid: str, token: int, prompt: int, completion: int, cached: int,
+            hit: bool) -> None:
+        self.rids.append(rid)
+        self.token_ids.append(token)
+        self.prompt_tokens.append(prompt)
+        self.completion_tokens.append(completion)
+        self.cached_tokens.append(cached)
+        self.encoder_cache_hits.append(hit)
+
+    def outputs(self) -> list[TokenOutput]:
+        return [TokenOutput(rid, [t], None, p, n, c, h) for rid, t, p, n, c, h in zip(
+            self.rids, self.token_ids, self.prompt_tokens, self.completion_tokens,
+            self.cached_tokens, self.encoder_cache_hits)]
+
+
+OutputItem = TokenOutput | StreamedTokens  # what a scheduler step returns, in order
+
+
+def token_outputs(items: list[OutputItem]) -> list[TokenOutput]:
+    """`items` with each StreamedTokens as its TokenOutputs, in place (a request's outputs keep
+    their order: within one StreamedTokens a request has one row)."""
+    if not any(isinstance(i, StreamedTokens) for i in items):
+        return items  # type: ignore[return-value]
+    out: list[TokenOutput] = []
+    for i in items:
+        if isinstance(i, StreamedTokens):
+            out += i.outputs()
+        else:
+            out.append(i)
+    return out
+
+
+@dataclass
 class BatchTokenOutput:
-    outputs: list[TokenOutput]
+    """A scheduler step's outputs as sent to the detokenizer (StreamedTokens among them), and
+    as the detokenizer sends them on (TokenOutputs only)."""
+
+    outputs: list[OutputItem]

@@ -34,7 +34,14 @@ from seq2serve.runtime.memory.cache_sharing import SharingRule
 from seq2serve.runtime.memory.host_kv_pool import host_pools
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
-from seq2serve.runtime.messages.io_struct import DetokenizeSettings, TokenizedRequest, TokenOutput
+from seq2serve.runtime.messages.io_struct import (
+    DetokenizeSettings,
+    OutputItem,
+    StreamedTokens,
+    TokenizedRequest,
+    TokenOutput,
+    token_outputs,
+)
 from seq2serve.runtime.messages.model_limits import ModelLimits
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.grammar_rows import (
@@ -256,6 +263,10 @@ class Scheduler:
                     or self.chunked)
 
     def step(self) -> list[TokenOutput]:
+        """`step_items()` with every output a TokenOutput (what an in-process caller reads)."""
+        return token_outputs(self.step_items())
+
+    def step_items(self) -> list[OutputItem]:
         """Run one decoder forward, with the encoder stage before it when admitted requests
         have new encoder inputs.
 
@@ -271,7 +282,7 @@ class Scheduler:
             outputs, self.notices = self.notices + outputs, []
         return outputs
 
-    def _step(self) -> list[TokenOutput]:
+    def _step(self) -> list[OutputItem]:
         if self.chunked is not None:
             return self._next_chunk()
         admitted, jobs = self._admit()
@@ -292,7 +303,7 @@ class Scheduler:
             self.check_integrity()
         return outputs
 
-    def _next_chunk(self) -> list[TokenOutput]:
+    def _next_chunk(self) -> list[OutputItem]:
         """A step while a prompt is prefilled in chunks (no admission meanwhile): a decode
         step of the running batch after each chunk, then the prompt's next chunk. A last
         chunk of one token is a row of the decode step (`joins_decode`)."""
@@ -315,7 +326,7 @@ class Scheduler:
         end = chunk_end(reqs[-1], min(size, self.args.max_prefill_tokens) - others)
         return (reqs[-1], end) if end < reqs[-1].seq_len else None
 
-    def _extend(self, admitted: list[Req]) -> list[TokenOutput]:
+    def _extend(self, admitted: list[Req]) -> list[OutputItem]:
         """The decoder prompts of `admitted` as one EXTEND (the last one's next chunk only,
         when it is prefilled in chunks: it waits in `chunked`, out of the running batch, and
         is not sampled). With the overlap schedule it is launched before the step in flight
@@ -339,7 +350,7 @@ class Scheduler:
         self.chunked, self.decode_turn = part, part is not None
         return outputs
 
-    def _decode_step(self) -> list[TokenOutput]:
+    def _decode_step(self) -> list[OutputItem]:
         prev = self.in_flight
         if self.overlap and prev is not None and overlappable(self.running):
             # each running request was in `prev` (one token the host has not seen, on the
@@ -360,7 +371,7 @@ class Scheduler:
             return outputs
         return outputs + self._run(ForwardMode.DECODE, list(self.running))
 
-    def _flush(self) -> list[TokenOutput]:
+    def _flush(self) -> list[OutputItem]:
         """Read back and process the step still in flight, if any."""
         if self.in_flight is None:
             return []
@@ -441,7 +452,7 @@ class Scheduler:
         logger.info("retracted %s to make room (KV pool full)", victim.rid)
 
     def _run(self, mode: ForwardMode, reqs: list[Req],
-             chunk: tuple[Req, int] | None = None) -> list[TokenOutput]:
+             chunk: tuple[Req, int] | None = None) -> list[OutputItem]:
         return self._resolve(self._launch(mode, reqs, chunk=chunk))
 
     def _launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
@@ -450,17 +461,19 @@ class Scheduler:
         self._count(mode.value, launched.batch.batch_size)
         return launched
 
-    def _resolve(self, f: InFlight) -> list[TokenOutput]:
+    def _resolve(self, f: InFlight) -> list[OutputItem]:
         start = time.perf_counter()
         result = f.pending.wait()
         self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
         self.device_seconds += result.device_seconds
         return self._process(f.batch, result)
 
-    def _process(self, batch: ScheduleBatch, result: StepOutput) -> list[TokenOutput]:
+    def _process(self, batch: ScheduleBatch, result: StepOutput) -> list[OutputItem]:
         """Append each request's new token and check its stop conditions. Streaming requests
         get an output every step; the others one output, with everything, when they finish."""
-        outputs = []
+        outputs: list[OutputItem] = []
+        streamed = StreamedTokens()  # the rows whose output is their token alone
+        plain = self.args.cache_isolation != "shared"  # (shared: each output has its hits)
         now = time.monotonic()
         ids = result.token_ids
         if batch.scored:
@@ -502,11 +515,16 @@ class Scheduler:
                                                 req.output_top_logprobs or None))
                     outputs[-1].extra["kv_bytes"] = kv_bytes
                     continue
-            if req.stream:
+            if not req.stream:
+                continue
+            if plain and req.announced and not req.finished and logprobs is None:
+                streamed.add(req.rid, token, _prompt_tokens(req), len(req.output_ids),
+                             req.cached_tokens, req.encoder_cache_hit)
+            else:
                 outputs.append(self._output(req, [token], logprobs, top))
         if batch.beam_groups:
             outputs += self._beam_steps(batch.beam_groups, result, now)
-        return outputs
+        return [streamed, *outputs] if streamed.rids else outputs
 
     def _forced_last(self, req: Req, token: int) -> bool:
         """The model's forced EOS as a request's last token (max_new_tokens): it overrides the
@@ -627,7 +645,7 @@ class Scheduler:
         out = TokenOutput(
             rid=req.rid, new_token_ids=new_ids,
             finished_reason=req.finished_reason.to_json() if req.finished else None,
-            prompt_tokens=len(req.encoder_input_ids) or len(req.decoder_input_ids),
+            prompt_tokens=_prompt_tokens(req),
             cached_tokens=req.cached_tokens, encoder_cache_hit=req.encoder_cache_hit,
             completion_tokens=len(req.output_ids),
             new_logprobs=logprobs, new_top_logprobs=top,
@@ -681,6 +699,10 @@ class Scheduler:
         """Every slot of every pool is free or owned by a live request (AssertionError if not)."""
         chunked = [self.chunked] if self.chunked is not None else []
         self.memory.check(list(self.running) + list(self.waiting) + chunked)
+
+
+def _prompt_tokens(req: Req) -> int:
+    return len(req.encoder_input_ids) or len(req.decoder_input_ids)
 
 
 def _hand_out_input_logprobs(scored: list[tuple[Req, int]], values: list[float],

@@ -99,7 +99,7 @@ class SchedulerLoop:
                 continue
             outputs = self._drain()
             if self.scheduler.has_work:
-                outputs += self.scheduler.step()
+                outputs += self.scheduler.step_items()  # (StreamedTokens among them)
             if outputs:
                 self.send.send_pyobj(BatchTokenOutput(outputs))
 
