@@ -6,9 +6,9 @@ that cannot compile for a GPU (an atomic handed a bf16 buffer in a branch the CP
 passes every CPU test and crashes the GPU server. Here a tour drives the runtime's kernels in
 each dtype under the interpreter -- T5, Llama and Mllama through the scheduler with the Triton
 backend, the CUDA-only fused ops directly, decode and beam-group cross-attention decode with
-and without split-KV -- recording each launch, and `kernel_launches.compile_launches` compiles
-every one (every autotuner config, and with programmatic dependent launch on sm_90) with
-Triton's GPU compiler.
+and without split-KV, the sampler's top-p threshold -- recording each launch, and
+`kernel_launches.compile_launches` compiles every one (every autotuner config, and with
+programmatic dependent launch on sm_90) with Triton's GPU compiler.
 """
 
 from __future__ import annotations
@@ -188,6 +188,19 @@ def _quantized_tour(dtype: torch.dtype) -> None:
         gated_quantize(torch.cat([x, res], dim=1), "gelu_new")
 
 
+def _top_p_tour(dtype: torch.dtype) -> None:
+    """The sampler's top-p / top-k / min-p threshold (CUDA's filter where some filtering row
+    has no top_k), with each set of rules: float32 probabilities in the sampler, each dtype
+    here (the kernel reads them as float32)."""
+    from seq2serve.runtime.kernels.triton_top_p import top_p_threshold
+
+    probs = torch.softmax(torch.randn(3, 3000), -1).to(dtype)
+    top_ps, min_ps = torch.tensor([0.9, 1.0, 0.5]), torch.tensor([0.0, 0.1, 0.05])
+    top_p_threshold(probs, top_ps)
+    top_p_threshold(probs, top_ps, torch.tensor([3000, 20, 3000]), min_ps)
+    top_p_threshold(probs, None, None, min_ps)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     from seq2serve.runtime.tools.demo_checkpoint import (
@@ -221,6 +234,7 @@ def launches(checkpoints) -> list[dict]:
             _decode_tour(getattr(torch, dtype))
             _beam_cross_tour(getattr(torch, dtype))
             _fused_ops_tour(getattr(torch, dtype))
+            _top_p_tour(getattr(torch, dtype))
     return recorded
 
 
