@@ -99,6 +99,14 @@ def test_llama_vocabulary():
     assert torch.equal(_kernel_keep(probs, [0.9, 0.5]), _sorted_keep(probs, [0.9, 0.5]))
 
 
+def _at_the_edge(probs: torch.Tensor, params: list[dict], tol: float = 1e-5) -> torch.Tensor:
+    """Tokens whose mass strictly above (in float64) is within `tol` of their row's top_p."""
+    sorted_p, order = probs.double().sort(dim=-1, descending=True)
+    before = torch.zeros_like(sorted_p).scatter(1, order, sorted_p.cumsum(-1) - sorted_p)
+    top_ps = torch.tensor([p.get("top_p", 2.0) for p in params], dtype=torch.float64)
+    return (before - top_ps[:, None]).abs() < tol
+
+
 def _batch(params: list[dict], vocab: int, device: str) -> SamplingBatch:
     reqs = [Req(rid=str(i), encoder_input_ids=[], decoder_input_ids=[0],
                 sampling_params=SamplingParams.from_dict({"temperature": 1.0, **p}))
@@ -119,7 +127,13 @@ def test_threshold_path_equals_the_sort_path(params):
     probs = _probs(len(params), vocab, 2.0, seed=len(params))
     out = threshold_filter(probs.to(DEVICE), sb).cpu()
     sorted_out = filter_probs(probs, _batch(params, vocab, "cpu"))  # the CPU's sort path
-    torch.testing.assert_close(out, sorted_out, rtol=0, atol=0)
+    # the two paths sum the mass above a token in other orders (the kernel by blocks, the
+    # sort path by a cumsum, on two devices): only a token whose mass above lies within
+    # float32 rounding of its row's top_p may go either way
+    differ = (out > 0) != (sorted_out > 0)
+    assert not (differ & ~_at_the_edge(probs, params)).any(), differ.nonzero().tolist()
+    same = ~differ
+    assert torch.equal(out[same], sorted_out[same])
     ruleless = [i for i, p in enumerate(params) if not p or p.get("temperature") == 0]
     assert torch.equal(out[ruleless], probs[ruleless])
     assert ((out == 0).sum(-1) > 0).tolist() == [i not in ruleless for i in range(len(params))]
