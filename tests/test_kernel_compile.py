@@ -201,6 +201,17 @@ def _top_p_tour(dtype: torch.dtype) -> None:
     top_p_threshold(probs, None, None, min_ps)
 
 
+def _race_tour(dtype: torch.dtype) -> None:
+    """The sampler's race on CUDA (every sampled batch), on Llama 3's vocabulary's blocks:
+    float32 probabilities in the sampler, each dtype here (the kernel reads them as
+    float32)."""
+    from seq2serve.runtime.executor.seeded_race import block_size
+    from seq2serve.runtime.kernels.triton_race import race_kernel
+
+    probs = torch.softmax(torch.randn(2, 3000), -1).to(dtype)
+    race_kernel(probs, torch.tensor([5, 1 << 31]), block_size(128256))
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     from seq2serve.runtime.tools.demo_checkpoint import (
@@ -235,6 +246,7 @@ def launches(checkpoints) -> list[dict]:
             _beam_cross_tour(getattr(torch, dtype))
             _fused_ops_tour(getattr(torch, dtype))
             _top_p_tour(getattr(torch, dtype))
+            _race_tour(getattr(torch, dtype))
     return recorded
 
 
