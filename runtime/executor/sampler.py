@@ -1,7 +1,8 @@
 """Turns logits into next tokens: penalties, bans, grammar masks (runtime/grammar/bitmask.py),
 temperature, top-k / top-p / min-p (token_filter.py), and sampling that is reproducible per
 request when seeded (seeded_race.py: the noise depends on the seed, the step and the token's
-index only, never on the batch the request happens to share)."""
+index only, never on the batch the request happens to share; on CUDA the same race runs as one
+kernel, runtime/kernels/triton_race.py)."""
 
 from __future__ import annotations
 
