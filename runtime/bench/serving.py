@@ -77,5 +77,11 @@ def print_summary(res: dict) -> None:
         if f:
             print(f"  {name.upper():4s} mean {f['mean_ms']:9.1f}  p50 {f['p50_ms']:9.1f}  "
                   f"p90 {f['p90_ms']:9.1f}  p99 {f['p99_ms']:9.1f} ms", flush=True)
+    st = res.get("stalls")
+    if st and st["long_gaps"]:
+        print(f"  gaps over 10 ms: {st['long_gaps']}, {st['in_shared_stalls']} of them in "
+              f"{st['shared_stalls']} moments shared by >= 8 streams; largest: "
+              + ", ".join(f"{m['streams']} streams at {m['at_s']} s ({m['gap_p50_ms']} ms)"
+                          for m in st["largest"][:3]), flush=True)
     for e in res["errors"]:
         print(f"  error: {e}", flush=True)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 _WORDS = ["house", "river", "green", "table", "music", "light", "stone", "paper"]
+_LONG_GAP_S = 0.010  # gaps kept with their wall time (stalls.py): a few decode steps
 
 
 @dataclass
@@ -20,6 +21,8 @@ class RequestRecord:
     ttft: float = 0.0
     e2e: float = 0.0
     itls: list[float] = field(default_factory=list)
+    # (wall time it ended, length) of each gap over _LONG_GAP_S
+    long_gaps: list[tuple[float, float]] = field(default_factory=list)
     tokens: int = 0  # output tokens: the server's usage count, else the streamed chunks
     prompt_tokens: int = 0
     events: int = 0  # SSE events with text (one token each unless the server fell behind)
@@ -82,6 +85,8 @@ async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
                     rec.ttft = now - start
                 else:
                     rec.itls.append(now - last)
+                    if now - last > _LONG_GAP_S:
+                        rec.long_gaps.append((time.time(), now - last))
                 last, chunks = now, chunks + 1
         rec.tokens, rec.events = rec.tokens or chunks, chunks
         rec.ok, rec.e2e = True, time.perf_counter() - start

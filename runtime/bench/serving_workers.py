@@ -13,6 +13,7 @@ import multiprocessing as mp
 import time
 
 from seq2serve.runtime.bench.serving_load import LoadSpec, RequestRecord, run_load, summarize
+from seq2serve.runtime.bench.stalls import stall_moments
 
 
 def split(spec: LoadSpec, workers: int) -> list[LoadSpec]:
@@ -83,5 +84,7 @@ def _merge(outs: list[tuple[list[RequestRecord], float, float, float]]) -> dict:
     seconds = max(o[2] for o in outs) - min(o[1] for o in outs)
     res = summarize([r for o in outs for r in o[0]], seconds)
     res["workers"] = len(outs)
+    res["stalls"] = stall_moments([g for o in outs for r in o[0] for g in r.long_gaps],
+                                  min(o[1] for o in outs))
     res["client_cpu_share"] = [round(o[3] / max(o[2] - o[1], 1e-9), 3) for o in outs]
     return res
