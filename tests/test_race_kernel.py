@@ -56,3 +56,21 @@ def test_frequencies_follow_the_weights():
     drawn = race_kernel(weights.to(DEVICE), keys.to(DEVICE), block_size(5)).cpu()
     freq = torch.bincount(drawn, minlength=5).float() / 400
     assert torch.allclose(freq, weights[0], atol=0.06), freq.tolist()
+
+
+@pytest.mark.gpu
+def test_every_check_on_the_gpu_and_llama_vocabulary():
+    """The gate's run (`-m gpu`) of this file's checks on CUDA, and 64 rows of Llama 3's
+    vocabulary drawn as torch's race draws them on the same device."""
+    if DEVICE != "cuda":
+        pytest.skip("needs CUDA (the CPU suite runs the checks above in the interpreter)")
+    for vocab in (1000, 1024, 5003):
+        for scale in (0.5, 4.0):
+            test_kernel_draws_what_the_torch_race_draws(vocab, scale)
+    test_filtered_rows_and_seeded_keys()
+    test_frequencies_follow_the_weights()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weights = torch.softmax(torch.randn(64, 128256, device="cuda", generator=g) * 3, -1)
+    keys = torch.randint(0, 1 << 32, (64,), device="cuda", generator=g)
+    drawn = race_kernel(weights, keys, block_size(128256))
+    assert torch.equal(drawn, race(weights, keys))

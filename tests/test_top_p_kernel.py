@@ -114,11 +114,14 @@ def _batch(params: list[dict], vocab: int, device: str) -> SamplingBatch:
     return SamplingBatch.from_reqs(reqs, vocab, eos_ids=(1,), device=device)
 
 
-@pytest.mark.parametrize("params", [
+PARAMS = [
     [{"top_p": 0.9}, {"top_p": 0.5}, {}, {"temperature": 0, "top_p": 0.3}, {"top_p": 0.99}],
     [{"top_p": 0.9, "min_p": 0.02}, {"min_p": 0.1}, {}, {"top_p": 0.7}],
     [{"top_k": 50}, {"top_p": 0.8}, {"top_k": 500, "top_p": 0.95, "min_p": 0.01}, {}],
-], ids=["top_p", "top_p+min_p", "with top_k"])
+]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["top_p", "top_p+min_p", "with top_k"])
 def test_threshold_path_equals_the_sort_path(params):
     """Rows without a rule (a plain and a greedy one) come back as they were."""
     vocab = 3000
@@ -137,3 +140,18 @@ def test_threshold_path_equals_the_sort_path(params):
     ruleless = [i for i, p in enumerate(params) if not p or p.get("temperature") == 0]
     assert torch.equal(out[ruleless], probs[ruleless])
     assert ((out == 0).sum(-1) > 0).tolist() == [i not in ruleless for i in range(len(params))]
+
+
+@pytest.mark.gpu
+def test_every_check_on_the_gpu():
+    """The gate's run (`-m gpu`) of this file's checks on CUDA."""
+    if DEVICE != "cuda":
+        pytest.skip("needs CUDA (the CPU suite runs the checks above in the interpreter)")
+    for scale in (0.3, 10.0):
+        test_kept_set_is_the_sort_rules(scale)
+    test_one_token_over_p_is_all_that_survives()
+    test_top_k_and_min_p_rules_in_the_same_search()
+    test_tied_tokens_survive_together()
+    test_llama_vocabulary()
+    for params in PARAMS:
+        test_threshold_path_equals_the_sort_path(params)
