@@ -4,7 +4,6 @@ control reply to the process whose request it is: `request_ids.server_of`)."""
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import traceback
@@ -15,6 +14,7 @@ from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.incremental_detokenizer import IncrementalDetokenizer
 from seq2serve.runtime.frontend.request_ids import server_of
+from seq2serve.runtime.memory.collector import freeze_heap
 from seq2serve.runtime.messages.io_struct import (
     BatchTokenOutput,
     ControlReply,
@@ -60,8 +60,7 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_
         ready_pipe.send({"status": "error", "type": type(e).__name__, "message": str(e),
                          "traceback": traceback.format_exc()})
         return
-    gc.collect()  # the tokenizer and imports: out of the collector's full passes
-    gc.freeze()
+    freeze_heap()  # the tokenizer and imports: out of the collector's full passes
     ready_pipe.send({"status": "ready"})
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)

@@ -12,7 +12,6 @@ instead of serving itself (`api_servers.py`).
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -57,6 +56,7 @@ from seq2serve.runtime.frontend.openai_serving import (
     json_error,
 )
 from seq2serve.runtime.frontend.tokenizer_manager import EngineDeadError, TokenizerManager
+from seq2serve.runtime.memory.collector import freeze_heap
 from seq2serve.runtime.messages.ipc import IpcNames
 
 logger = logging.getLogger(__name__)
@@ -322,8 +322,7 @@ def serve_http(args: ServerArgs, procs, server: int | None = None, sockets=None,
     uv = _uvicorn_server(args, app)
     # what start-up made lives as long as the server: out of the collector's full passes,
     # which otherwise walk it while streams wait (vLLM's API server does the same)
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     if print_line:
         print(startup_line(args, procs.info, procs.describe_layout()), file=sys.stderr,
               flush=True)

@@ -14,6 +14,7 @@ import zmq
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.memory.collector import CollectorPauses, freeze_heap
 from seq2serve.runtime.memory.host_memory import PeriodicTrim
 from seq2serve.runtime.messages.io_struct import (
     AbortRequest,
@@ -47,6 +48,9 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_pipe, parent_pi
         ready_pipe.send({"status": "error", "type": type(e).__name__, "message": str(e),
                          "traceback": traceback.format_exc()})
         return
+    # the model, torch and the warm-up out of the collector's full passes: with them in, a
+    # full pass stalled every stream for tens of ms under a steady load (collector.py)
+    freeze_heap()
     ready_pipe.send({"status": "ready", "info": scheduler_info(scheduler)})
     SchedulerLoop(scheduler, ipc, parent_pid).run()
 
@@ -83,6 +87,7 @@ class SchedulerLoop:
         self.poller = zmq.Poller()
         self.poller.register(self.recv, zmq.POLLIN)
         self.trim = PeriodicTrim() if scheduler.device == "cpu" else None
+        self.gc_pauses = CollectorPauses()
 
     def run(self) -> None:
         busy = False
@@ -134,7 +139,8 @@ class SchedulerLoop:
                 return ControlReply(msg.kind, msg.tag, True, {"idle": not s.has_work})
             if msg.kind == "stats":
                 return ControlReply(msg.kind, msg.tag, True, {**s.stats(), **s.worker.layout(),
-                                                              **s.worker.host_caches()})
+                                                              **s.worker.host_caches(),
+                                                              **self.gc_pauses.stats()})
             if msg.kind == "flush_cache":
                 return ControlReply(msg.kind, msg.tag, s.flush_cache())
         except AssertionError as e:
