@@ -4,10 +4,13 @@ engine on the same workload with the ratio."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from seq2serve.runtime.bench.serving import measure
-from seq2serve.runtime.bench.serving_load import LoadSpec, make_prompts
+from seq2serve.runtime.bench.serving_load import LoadSpec, _sse_lines, make_prompts
 from seq2serve.runtime.bench.serving_workers import split
 from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
 from seq2serve.tests.server_helpers import ServerProcess
@@ -61,3 +64,23 @@ def test_cli_with_workers_and_compare_offline(server, tmp_path, capsys):
     assert res["server_over_offline"] == pytest.approx(
         res["output_tokens_per_s"] / off["output_tokens_per_s"])
     assert "server / offline" in capsys.readouterr().out
+
+
+def test_sse_lines_split_at_line_feeds_only():
+    """A random model's text may hold U+2028 or U+0085: one event stays one line (httpx's
+    aiter_lines cut such an event, and the load counted a failed request)."""
+    event = "data: " + json.dumps({"choices": [{"text": "a\u2028b\x85c\rd"}]},
+                                  ensure_ascii=False)
+    data = (event + "\r\n\ndata: [DONE]\n\n").encode()
+
+    class Chunked:
+        async def aiter_bytes(self):
+            for i in range(0, len(data), 5):
+                yield data[i:i + 5]
+
+    async def lines():
+        return [line async for line in _sse_lines(Chunked())]
+
+    got = asyncio.run(lines())
+    assert got[0] == event.encode() and b"data: [DONE]" in got
+    assert json.loads(got[0][6:])["choices"][0]["text"] == "a\u2028b\x85c\rd"

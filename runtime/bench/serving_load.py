@@ -63,6 +63,19 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "p90_ms": pick(0.9) * 1e3, "p99_ms": pick(0.99) * 1e3}
 
 
+async def _sse_lines(response):
+    """The stream's lines, split at LF only (SSE's line ends; the text may hold U+2028 or
+    U+0085, which httpx's `aiter_lines` takes for line breaks and so cuts a JSON event)."""
+    buf = b""
+    async for chunk in response.aiter_bytes():
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if buf:
+        yield buf
+
+
 async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
     start = last = time.perf_counter()
     rec, chunks = RequestRecord(ok=False), 0
@@ -71,8 +84,8 @@ async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return rec
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
+            async for line in _sse_lines(r):
+                if not line.startswith(b"data: {"):
                     continue
                 msg = json.loads(line[6:])
                 if msg.get("usage"):
