@@ -64,6 +64,26 @@ def test_random_token_sequences_add_up(tok):
         assert "".join(_stream(tok, ids)) == tok.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_last_tokens_arriving_with_finished_add_up(tok, skip):
+    """The end is decoded incrementally too (no decode of the whole text): the tokens that
+    come with `finished`, several at once, a partial character among them, still add up to
+    the tokenizer's decode of the whole."""
+    rng = random.Random(1)
+    emoji = tok("日本語 🎉👩‍👩‍👧", add_special_tokens=False).input_ids
+    partial = [emoji[:n] for n in range(1, len(emoji))  # ends inside a character
+               if tok.decode(emoji[:n]).endswith("\ufffd")]
+    for k in range(150):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        ids += rng.choice(partial) if partial and k % 2 else []
+        d = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+        cut, shown = rng.randrange(len(ids) + 1), ""
+        while len(d.ids) < cut:
+            shown += d.add(ids[len(d.ids):min(cut, len(d.ids) + rng.randrange(1, 4))])
+        shown += d.add(ids[len(d.ids):], finished=True)
+        assert shown == tok.decode(ids, skip_special_tokens=skip)
+
+
 def test_special_tokens_kept_when_asked(tok):
     ids = tok("Hello there").input_ids  # with the tokenizer's BOS/EOS
     kept = "".join(_stream(tok, ids, skip=False))

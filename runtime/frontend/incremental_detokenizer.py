@@ -49,11 +49,12 @@ class IncrementalDetokenizer:
         before its last occurrence (the one the last token completed: earlier ones, before
         `min_new_tokens`, stay)."""
         self.ids.extend(new_ids)
+        self._advance(final=finished)
         if not finished:
-            self._advance()
             end = self._safe_end()
         else:
-            self.text = self._decode(self.ids)  # the whole decode is the truth at the end
+            # (no decode of the whole text at the end: at 544 tokens it was 0.2-0.6 ms a
+            # request, and 128 streams finishing in one step stalled every stream 80 ms)
             if matched_stop:
                 cut = self.text.rfind(matched_stop)
                 if cut >= self.sent:
@@ -63,10 +64,12 @@ class IncrementalDetokenizer:
         self.sent = max(self.sent, end)
         return piece
 
-    def _advance(self) -> None:
+    def _advance(self, final: bool = False) -> None:
+        if self.read_offset == len(self.ids):
+            return  # no new token
         window = self._decode(self.ids[self.prefix_offset:])
-        if window.endswith(_INCOMPLETE):
-            return  # a multi-byte character is not complete yet
+        if window.endswith(_INCOMPLETE) and not final:
+            return  # a multi-byte character is not complete yet (at the end: shown as is)
         before = self._decode(self.ids[self.prefix_offset:self.read_offset])
         if window.startswith(before):
             new = window[len(before):]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from seq2serve.runtime.memory.device_log import DeviceLog
@@ -48,9 +49,11 @@ class PagedKVBuffers:
 
     def slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """Slot indices of positions [start, end) of a sequence stored in `pages` (CPU int32)."""
-        pos = torch.arange(start, end, dtype=torch.int32)
-        page_ids = torch.tensor(pages, dtype=torch.int32)[pos // self.page_size]
-        return page_ids * self.page_size + pos % self.page_size
+        ps = self.page_size  # (numpy: torch's per-op cost was 75 us a request's prompt)
+        first = start // ps
+        pos = np.arange(start, end, dtype=np.int32)
+        page_ids = np.asarray(pages[first:-(-end // ps)], dtype=np.int32)[pos // ps - first]
+        return torch.from_numpy(page_ids * ps + pos % ps)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """K/V of slots `src` copied to slots `dst` (host tensors), in every layer (a beam's
