@@ -128,3 +128,47 @@ def test_the_direct_decode_equals_the_tokenizers_decode(tok, skip):
                for _ in range(rng.randrange(0, 12))]
         assert direct(ids, skip_special_tokens=skip) == tok.decode(ids,
                                                                    skip_special_tokens=skip)
+
+
+def test_the_manager_decodes_a_batch_as_each_request_alone(tok):
+    """The detokenizer process decodes every request's windows of a step in one call (per
+    skip setting): its texts equal each request's own IncrementalDetokenizer, with requests
+    of both settings, stop strings, several steps of one request merged into one batch, and
+    requests finishing at different steps."""
+    from seq2serve.runtime.frontend.detokenizer_manager import DetokenizerManager
+    from seq2serve.runtime.messages.io_struct import (
+        BatchTokenOutput,
+        DetokenizeSettings,
+        TokenOutput,
+    )
+
+    rng = random.Random(2)
+    manager = DetokenizerManager(tok)
+    emoji = tok("日本語 🎉 straße", add_special_tokens=False).input_ids
+    reqs = {}
+    for k in range(12):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 25))] + emoji[:k % 5]
+        settings = DetokenizeSettings(stop=("e",) if k % 4 == 3 else (),
+                                      skip_special_tokens=k % 3 != 0)
+        reqs[f"r{k}"] = (ids, settings, IncrementalDetokenizer(
+            tok, skip_special_tokens=settings.skip_special_tokens, stop=list(settings.stop)))
+    sent = {rid: 0 for rid in reqs}
+    got = {rid: "" for rid in reqs}
+    want = {rid: "" for rid in reqs}
+    while any(sent[rid] < len(ids) for rid, (ids, _, _) in reqs.items()):
+        outs = []
+        for _ in range(rng.randrange(1, 3)):  # one or two steps merged into one batch
+            for rid, (ids, settings, alone) in reqs.items():
+                if sent[rid] >= len(ids):
+                    continue
+                new = ids[sent[rid]:sent[rid] + rng.randrange(1, 4)]
+                first, sent[rid] = sent[rid] == 0, sent[rid] + len(new)
+                done = sent[rid] >= len(ids)
+                outs.append(TokenOutput(rid=rid, new_token_ids=new,
+                                        finished_reason={"type": "length"} if done else None,
+                                        detokenize=settings if first else None))
+                want[rid] += alone.add(new, finished=done)
+        manager.handle(BatchTokenOutput(outs))
+        for out in outs:
+            got[out.rid] += out.text
+    assert got == want and not manager.states
