@@ -19,6 +19,8 @@ _MODELS: dict[str, tuple[str, str]] = {
                                        "BartForConditionalGeneration"),
     "MBartForConditionalGeneration": ("seq2serve.models.bart.model",
                                       "BartForConditionalGeneration"),
+    "PegasusForConditionalGeneration": ("seq2serve.models.bart.model",
+                                        "BartForConditionalGeneration"),
     "WhisperForConditionalGeneration": ("seq2serve.models.whisper.model",
                                         "WhisperForConditionalGeneration"),
 }
@@ -29,6 +31,7 @@ _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGen
                 "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
                 "m2m_100": "M2M100ForConditionalGeneration",
                 "mbart": "MBartForConditionalGeneration",
+                "pegasus": "PegasusForConditionalGeneration",
                 "whisper": "WhisperForConditionalGeneration"}
 
 

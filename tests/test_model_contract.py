@@ -32,6 +32,7 @@ _TINY = {
     "m2m_100": dict(_STACKS),
     "mbart": dict(_STACKS),
     "bart": dict(_STACKS, forced_bos_token_id=0),
+    "pegasus": dict(_STACKS),
     "whisper": dict(_STACKS, max_source_positions=1500, max_target_positions=32),
 }
 

@@ -80,6 +80,60 @@ def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32
     return out
 
 
+DEMO_PEGASUS = dict(vocab_size=32128, d_model=64, encoder_layers=2, decoder_layers=2,
+                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                    decoder_ffn_dim=128, activation_function="relu", scale_embedding=True,
+                    max_position_embeddings=512, tie_word_embeddings=True)
+
+
+def vary_weights(model, seed: int):
+    """Random weights at a scale where a tiny BART-family model's outputs vary with its input:
+    LayerNorms near 1 (biases near 0), other vectors small, matrices of unit output scale
+    (HF's init_std of 0.02 makes every source give the same tokens); sinusoids untouched."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.requires_grad:  # a computed table (Pegasus's sinusoids)
+                continue
+            if "layernorm" in name or "layer_norm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0)
+                        + 0.2 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / p.shape[-1] ** 0.5)
+    return g  # for the caller's further draws
+
+
+def write_pegasus_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                             eos_bias: float = 0.0, embed_scale: float = 1.0,
+                             **config) -> Path:
+    """Write a random Pegasus checkpoint (HF's save_pretrained) with the T5 tokenizer, whose
+    ids agree with Pegasus's (pad 0 starts the decoder, EOS 1). `config` overrides
+    DEMO_PEGASUS's fields; `eos_bias` raises EOS's logit (final_logits_bias) so that outputs
+    end at different lengths; `embed_scale` multiplies the embedding (large embeddings under a
+    tied head repeat the previous token)."""
+    import torch
+    from transformers import PegasusConfig, PegasusForConditionalGeneration
+
+    out = Path(out)
+    hf_config = PegasusConfig(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                              forced_eos_token_id=1, **{**DEMO_PEGASUS, **config})
+    torch.manual_seed(seed)
+    model = PegasusForConditionalGeneration(hf_config).eval()
+    g = vary_weights(model, seed)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.5, generator=g)
+        model.model.shared.weight.mul_(embed_scale)
+        model.final_logits_bias[0, hf_config.eos_token_id] += eos_bias
+    model.to(getattr(torch, dtype)).save_pretrained(str(out))
+    for f in T5_TOKENIZER.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
 DEMO_LLAMA = dict(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                   rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
