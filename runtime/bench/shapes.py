@@ -25,6 +25,10 @@ SHAPES: dict[str, dict] = {
                  "num_layers": 12, "num_decoder_layers": 12},
     "mt5-large": {**_T5, "vocab_size": 250112, "d_model": 1024, "d_ff": 2816, "num_heads": 16,
                   "num_layers": 24, "num_decoder_layers": 24},
+    # google/umt5-base: a position bias in every self-attention layer
+    "umt5-base": {**_T5, "architectures": ["UMT5ForConditionalGeneration"], "model_type": "umt5",
+                  "vocab_size": 256384, "d_model": 768, "d_ff": 2048, "num_heads": 12,
+                  "num_layers": 12, "num_decoder_layers": 12},
     "flan-t5-xl": {**_T5, "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
                    "vocab_size": 32128, "d_model": 2048, "d_ff": 5120, "num_heads": 32,
                    "num_layers": 24, "num_decoder_layers": 24},

@@ -24,9 +24,11 @@ DEMO_T5 = dict(vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
 
 
 def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
-                        mt5: bool = False, init_scale: float = 4.0, embed_scale: float = 1.0,
-                        with_tokenizer: bool = True, **config) -> Path:
-    """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer).
+                        mt5: bool = False, umt5: bool = False, init_scale: float = 4.0,
+                        embed_scale: float = 1.0, with_tokenizer: bool = True,
+                        **config) -> Path:
+    """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer):
+    T5's, `mt5`'s or `umt5`'s classes (UMT5: a position bias in every self-attention layer).
 
     `config` overrides DEMO_T5's fields (any T5Config field). `init_scale` multiplies HF's
     initializer and `embed_scale` the embedding, so tiny random models produce varied tokens
@@ -39,14 +41,17 @@ def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32
         MT5ForConditionalGeneration,
         T5Config,
         T5ForConditionalGeneration,
+        UMT5Config,
+        UMT5ForConditionalGeneration,
     )
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_kwargs = {**DEMO_T5, **config}
     tied = cfg_kwargs.pop("tie_word_embeddings")
-    cfg_cls, model_cls = (MT5Config, MT5ForConditionalGeneration) if mt5 else (
-        T5Config, T5ForConditionalGeneration)
+    cfg_cls, model_cls = ((UMT5Config, UMT5ForConditionalGeneration) if umt5 else
+                          (MT5Config, MT5ForConditionalGeneration) if mt5 else
+                          (T5Config, T5ForConditionalGeneration))
     hf_config = cfg_cls(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
                         initializer_factor=init_scale, tie_word_embeddings=tied, **cfg_kwargs)
     torch.manual_seed(seed)
