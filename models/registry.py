@@ -9,6 +9,7 @@ from seq2serve.models.family import ModelFamily
 _MODELS: dict[str, tuple[str, str]] = {
     "T5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "MT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
+    "UMT5ForConditionalGeneration": ("seq2serve.models.mt5.model", "T5ForConditionalGeneration"),
     "LlamaForCausalLM": ("seq2serve.models.llama.model", "LlamaForCausalLM"),
     "MllamaForConditionalGeneration": ("seq2serve.models.mllama.model",
                                        "MllamaForConditionalGeneration"),
@@ -19,16 +20,20 @@ _MODELS: dict[str, tuple[str, str]] = {
                                        "BartForConditionalGeneration"),
     "MBartForConditionalGeneration": ("seq2serve.models.bart.model",
                                       "BartForConditionalGeneration"),
+    "PegasusForConditionalGeneration": ("seq2serve.models.bart.model",
+                                        "BartForConditionalGeneration"),
     "WhisperForConditionalGeneration": ("seq2serve.models.whisper.model",
                                         "WhisperForConditionalGeneration"),
 }
 
 # model_type -> architecture, for configs written without "architectures"
 _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
+                "umt5": "UMT5ForConditionalGeneration",
                 "llama": "LlamaForCausalLM", "mllama": "MllamaForConditionalGeneration",
                 "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
                 "m2m_100": "M2M100ForConditionalGeneration",
                 "mbart": "MBartForConditionalGeneration",
+                "pegasus": "PegasusForConditionalGeneration",
                 "whisper": "WhisperForConditionalGeneration"}
 
 

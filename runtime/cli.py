@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -78,7 +79,9 @@ def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
 
     write, about = {"t5": (demo.write_t5_checkpoint, "T5 v1.1"),
                     "llama": (demo.write_llama_checkpoint, "Llama 3"),
-                    "mllama": (demo.write_mllama_checkpoint, "Llama 3.2 Vision (Mllama)")
+                    "mllama": (demo.write_mllama_checkpoint, "Llama 3.2 Vision (Mllama)"),
+                    "pegasus": (demo.write_pegasus_checkpoint, "Pegasus"),
+                    "umt5": (functools.partial(demo.write_t5_checkpoint, umt5=True), "UMT5"),
                     }[ns.family]
     path = write(ns.out, seed=ns.seed, dtype=ns.dtype)
     print(f"wrote a tiny random-weight {about} checkpoint to {path}")
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_parser(b.add_subparsers(dest="bench", required=True))
 
     d = sub.add_parser("demo-checkpoint", help="write a tiny random-weight checkpoint")
-    d.add_argument("--family", default="t5", choices=["t5", "llama", "mllama"])
+    d.add_argument("--family", default="t5", choices=["t5", "llama", "mllama", "pegasus",
+                                                            "umt5"])
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from seq2serve.runtime.tools.demo_checkpoint import vary_weights
 from seq2serve.tests.whisper_checkpoints import MERGES, _bytes_to_unicode
 
 SHAPES: dict[str, dict] = {
@@ -62,15 +63,7 @@ def write_bart_cnn_checkpoint(shape: str, out: Path, seed: int = 0,
                      forced_bos_token_id=0, **SHAPES[shape])
     torch.manual_seed(seed)
     model = BartForConditionalGeneration(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():  # a scale at which outputs vary with the input
-        if "layernorm" in name or "layer_norm" in name:
-            p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn(p.shape,
-                                                                                 generator=g))
-        elif p.dim() == 1:
-            p.copy_(0.1 * torch.randn(p.shape, generator=g))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g) * 1.5 / p.shape[-1] ** 0.5)
+    g = vary_weights(model, seed)  # a scale at which outputs vary with the input
     model.final_logits_bias.copy_(0.5 * torch.randn(model.final_logits_bias.shape, generator=g))
     model.final_logits_bias[0, cfg.eos_token_id] += eos_bias
     model.save_pretrained(str(out))

@@ -25,6 +25,7 @@ _TINY = {
                vocab_size=96),
     "mt5": dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, vocab_size=96,
                 feed_forward_proj="gated-gelu"),
+    "umt5": dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, vocab_size=96),
     "llama": dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2),
     "mllama": dict(vision_config=DEMO_MLLAMA_VISION, text_config=DEMO_MLLAMA_TEXT),
@@ -32,6 +33,7 @@ _TINY = {
     "m2m_100": dict(_STACKS),
     "mbart": dict(_STACKS),
     "bart": dict(_STACKS, forced_bos_token_id=0),
+    "pegasus": dict(_STACKS),
     "whisper": dict(_STACKS, max_source_positions=1500, max_target_positions=32),
 }
 

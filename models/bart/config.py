@@ -1,7 +1,7 @@
-"""The BART family's configuration (BART, Marian / OPUS-MT, M2M100 / NLLB-200, mBART-50),
-normalized from a Hugging Face config.json.
+"""The BART family's configuration (BART, Marian / OPUS-MT, M2M100 / NLLB-200, mBART-50,
+Pegasus), normalized from a Hugging Face config.json.
 
-The four families share one transformer (post- or pre-LayerNorm blocks with biased linears,
+The five families share one transformer (post- or pre-LayerNorm blocks with biased linears,
 no relative bias) and differ in a few switches, which `FAMILIES` names per `model_type`.
 """
 
@@ -16,7 +16,7 @@ from seq2serve.runtime.kernels.activations import ACTIVATIONS
 
 @dataclass(frozen=True)
 class Family:
-    pre_norm: bool  # LayerNorm before each sublayer (mBART, M2M100) or after the add (Marian)
+    pre_norm: bool  # LayerNorm before each sublayer (mBART, M2M100, Pegasus) or after the add
     embed_norm: bool  # a LayerNorm right after the embeddings (mBART's layernorm_embedding)
     final_norm: bool  # a LayerNorm at the end of each stack
     positions: str  # "marian" / "fairseq" sinusoids (offset 0 / 2), or "learned" (offset 2)
@@ -33,6 +33,9 @@ FAMILIES = {
                       logits_bias=False, never_pad=False),
     "mbart": Family(pre_norm=True, embed_norm=True, final_norm=True, positions="learned",
                     logits_bias=True, never_pad=False),
+    # mBART's blocks without layernorm_embedding, on Marian's sinusoids; pad starts the decoder
+    "pegasus": Family(pre_norm=True, embed_norm=False, final_norm=True, positions="marian",
+                      logits_bias=True, never_pad=False),
 }
 
 

@@ -1,13 +1,13 @@
-"""The BART family: BART (summarization: bart-large-cnn), and the translation models Marian
-(OPUS-MT), M2M100 (and NLLB-200), mBART(-50).
+"""The BART family: BART (summarization: bart-large-cnn), Pegasus (summarization), and the
+translation models Marian (OPUS-MT), M2M100 (and NLLB-200), mBART(-50).
 
 An encoder stack and a decoder stack of LayerNorm blocks with biased linears and scaled
 dot-product attention; absolute positions added to the (scaled) embeddings, no relative bias.
 The families differ only where `config.Family` says: whether the norm comes before each
-sublayer (mBART, M2M100) or after its residual add (BART, Marian), a norm after the
-embeddings (BART, mBART) and at the end of each stack (mBART, M2M100), the position table,
-and a bias on the logits (BART, Marian, mBART). Batching, paging and caching are the
-runtime's, as for T5.
+sublayer (mBART, M2M100, Pegasus) or after its residual add (BART, Marian), a norm after the
+embeddings (BART, mBART) and at the end of each stack (mBART, M2M100, Pegasus), the position
+table, and a bias on the logits (BART, Marian, mBART, Pegasus). Batching, paging and caching
+are the runtime's, as for T5.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ class BartDecoderLayer(nn.Module):
 
 
 class BartForConditionalGeneration(ModelFamily):
-    """HF's BartForConditionalGeneration, MarianMTModel, M2M100ForConditionalGeneration and
-    MBartForConditionalGeneration, by `cfg.family`."""
+    """HF's BartForConditionalGeneration, MarianMTModel, M2M100ForConditionalGeneration,
+    MBartForConditionalGeneration and PegasusForConditionalGeneration, by `cfg.family`."""
 
     config_class = BartConfig
 

@@ -1,6 +1,7 @@
 """The BART family's absolute positions: which table row each token adds to its embedding.
 
-- Marian: sinusoids (sin of every even feature, then cos of every odd one), row = position.
+- Marian and Pegasus: sinusoids (sin of every even feature, then cos of every odd one),
+  row = position.
 - M2M100 / NLLB (fairseq): sinusoids (sin half, cos half), row = pad id + 1 + the count of
   non-pad tokens before it; a pad token reads the pad id's row (the padding row, zeros). In a
   decode step HF counts from its cache length, so a generated pad shifts nothing after it:

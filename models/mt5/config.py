@@ -1,4 +1,4 @@
-"""The T5 v1.1 / mT5 configuration, normalized from a Hugging Face config.json."""
+"""The T5 v1.1 / mT5 / UMT5 configuration, normalized from a Hugging Face config.json."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class T5Config(FamilyConfig):
     pad_token_id: int
     decoder_start_token_id: int
     max_length: int | None = None  # n_positions when the config has one (informational for T5)
+    bias_per_layer: bool = False  # UMT5: every self-attention layer has its own position bias
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> T5Config:
@@ -43,7 +44,9 @@ class T5Config(FamilyConfig):
         # T5: transformers 5 writes scale_decoder_outputs explicitly; older configs imply it by
         # tying. mT5 (MT5ForConditionalGeneration) never scales: its released checkpoints are
         # untied, and transformers 5 writes every mT5 config tied (and forces the tie on load)
-        # without scaling, so a tied mT5 config is no sign of T5 v1.0's scaled head
+        # without scaling, so a tied mT5 config is no sign of T5 v1.0's scaled head. UMT5
+        # scales as its config.json says it is tied (transformers 4, T5X); transformers 5
+        # forces every UMT5 config tied, and so scales an untied one's logits too
         scale = cfg.get("scale_decoder_outputs", tie and cfg.get("model_type") != "mt5")
         eos = cfg.get("eos_token_id", 1)
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
@@ -69,6 +72,7 @@ class T5Config(FamilyConfig):
             pad_token_id=0 if pad is None else int(pad),
             decoder_start_token_id=int(start if start is not None else (pad or 0)),
             max_length=cfg.get("n_positions"),
+            bias_per_layer=cfg.get("model_type") == "umt5",
         )
 
     # What the runtime needs to size its pools.

@@ -1,8 +1,10 @@
-"""T5 v1.1 / mT5 (and original T5): an encoder stack and a decoder stack with cross-attention.
+"""T5 v1.1 / mT5 (and original T5) and UMT5: an encoder stack and a decoder stack with
+cross-attention.
 
 Reads like the paper's diagram: pre-norm residual blocks, no attention scaling, one bucketed
-relative position bias per stack shared by all its layers. Batching, paging and caching are the
-runtime's: every layer gets the ForwardBatch and calls the attention backend through it.
+relative position bias per stack shared by all its layers (UMT5: one per layer). Batching,
+paging and caching are the runtime's: every layer gets the ForwardBatch and calls the
+attention backend through it.
 """
 
 from __future__ import annotations
@@ -136,6 +138,21 @@ class T5DecoderBlock(nn.Module):
         return x, self.ff.after_in_proj(up)
 
 
+def _biases(cfg: T5Config, layers: int, bidirectional: bool) -> nn.ModuleList:
+    """A stack's relative position biases: one its layers share (T5), or one per layer (UMT5)."""
+    count = layers if cfg.bias_per_layer else 1
+    return nn.ModuleList(RelativePositionBias(cfg.relative_attention_num_buckets,
+                                              cfg.relative_attention_max_distance,
+                                              cfg.num_heads, bidirectional)
+                         for _ in range(count))
+
+
+def _layer_bias(biases: nn.ModuleList, layer: int) -> RelativePositionBias:
+    """Layer `layer`'s bias: its own (UMT5), or the stack's one (T5: the same object for every
+    layer, so that the attention backends compute it once per batch)."""
+    return biases[min(layer, len(biases) - 1)]
+
+
 class T5ForConditionalGeneration(ModelFamily):
     config_class = T5Config
     tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
@@ -146,11 +163,10 @@ class T5ForConditionalGeneration(ModelFamily):
         super().__init__()
         self.cfg = cfg
         self.shared = embedding(cfg.vocab_size, cfg.d_model)
-        buckets, distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
-        self.encoder_bias = RelativePositionBias(buckets, distance, cfg.num_heads, True)
+        self.encoder_bias = _biases(cfg, cfg.num_layers, bidirectional=True)
         self.encoder_layers = nn.ModuleList(T5EncoderBlock(cfg) for _ in range(cfg.num_layers))
         self.encoder_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
-        self.decoder_bias = RelativePositionBias(buckets, distance, cfg.num_heads, False)
+        self.decoder_bias = _biases(cfg, cfg.num_decoder_layers, bidirectional=False)
         self.decoder_layers = nn.ModuleList(
             T5DecoderBlock(cfg, i) for i in range(cfg.num_decoder_layers)
         )
@@ -161,8 +177,8 @@ class T5ForConditionalGeneration(ModelFamily):
     def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
         """Run the encoder over a packed ragged batch; returns hidden states [tokens, d_model]."""
         x = self.shared(fb.token_ids)
-        for layer in self.encoder_layers:
-            x = layer(x, fb, self.encoder_bias)
+        for i, layer in enumerate(self.encoder_layers):
+            x = layer(x, fb, _layer_bias(self.encoder_bias, i))
         return self.encoder_norm(x)
 
     def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
@@ -174,8 +190,8 @@ class T5ForConditionalGeneration(ModelFamily):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
         x, h = self.shared(input_ids), None
-        for layer in self.decoder_layers:
-            x, h = layer(x, h, fb, self.decoder_bias)
+        for i, layer in enumerate(self.decoder_layers):
+            x, h = layer(x, h, fb, _layer_bias(self.decoder_bias, i))
         x = _pre_norm(self.decoder_norm, x, h)[0]
         if self.cfg.scale_decoder_outputs:
             x = x * (self.cfg.d_model**-0.5)

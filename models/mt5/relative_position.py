@@ -32,8 +32,9 @@ def relative_position_bucket(rel: torch.Tensor, bidirectional: bool, num_buckets
 
 
 class RelativePositionBias(nn.Module):
-    """Computed once per batch by the first layer that asks; every layer of the stack shares it.
-    A tensor-parallel rank holds its heads' columns of the table."""
+    """Computed once per batch by the first layer that asks; every layer of the stack shares it
+    (UMT5: each layer has its own). A tensor-parallel rank holds its heads' columns of the
+    table."""
 
     def __init__(self, num_buckets: int, max_distance: int, num_heads: int,
                  bidirectional: bool) -> None:

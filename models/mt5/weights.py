@@ -1,4 +1,5 @@
-"""Hugging Face T5/mT5 tensor names -> this model's parameters (and shard of a fused weight)."""
+"""Hugging Face T5/mT5/UMT5 tensor names -> this model's parameters (and shard of a fused
+weight)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def _final_norm(m):
     return [(f"{m[1]}_norm.weight", None)]
 
 
-@_rule(r"(encoder|decoder)\.block\.0\.layer\.0\.SelfAttention\.relative_attention_bias\.weight")
-def _bias(m):
-    return [(f"{m[1]}_bias.weight", None)]
+@_rule(r"(encoder|decoder)\.block\.(\d+)\.layer\.0\.SelfAttention\.relative_attention_bias"
+       r"\.weight")
+def _bias(m):  # T5's first layer's, shared by the stack; UMT5's every layer's
+    return [(f"{m[1]}_bias.{m[2]}.weight", None)]
 
 
 @_rule(r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight")
@@ -92,8 +94,6 @@ def hf_to_param(name: str) -> list[tuple[str, int | None]] | None:
 def checkpoint_names(cfg) -> list[str]:
     """Every tensor a complete HF checkpoint of this config has (lm_head optional when tied)."""
     names = ["shared.weight", "encoder.final_layer_norm.weight", "decoder.final_layer_norm.weight",
-             "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-             "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
              "lm_head.weight"]
     ff = ("wi_0", "wi_1", "wo") if cfg.is_gated else ("wi", "wo")
     for stack, n, ff_layer in (("encoder", cfg.num_layers, 1),
@@ -101,6 +101,8 @@ def checkpoint_names(cfg) -> list[str]:
         for i in range(n):
             b = f"{stack}.block.{i}.layer"
             names += [f"{b}.0.SelfAttention.{p}.weight" for p in "qkvo"]
+            if i == 0 or cfg.bias_per_layer:
+                names.append(f"{b}.0.SelfAttention.relative_attention_bias.weight")
             names += [f"{b}.{j}.layer_norm.weight" for j in range(ff_layer + 1)]
             names += [f"{b}.{ff_layer}.DenseReluDense.{w}.weight" for w in ff]
             if stack == "decoder":

@@ -1,7 +1,7 @@
 """Model directories of real shapes (config, tokenizer, image processor: no weights) for
-benchmarks, served with load_format="dummy" (random weights). The translation shapes (NLLB,
-OPUS-MT) get T5's tokenizer: benchmarks send token ids, and every id it makes is in their
-vocabularies."""
+benchmarks, served with load_format="dummy" (random weights). The translation and Pegasus
+shapes (NLLB, OPUS-MT, pegasus-large) get T5's tokenizer: benchmarks send token ids, and
+every id it makes is in their vocabularies."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ SHAPES: dict[str, dict] = {
                  "num_layers": 12, "num_decoder_layers": 12},
     "mt5-large": {**_T5, "vocab_size": 250112, "d_model": 1024, "d_ff": 2816, "num_heads": 16,
                   "num_layers": 24, "num_decoder_layers": 24},
+    # google/umt5-base: a position bias in every self-attention layer
+    "umt5-base": {**_T5, "architectures": ["UMT5ForConditionalGeneration"], "model_type": "umt5",
+                  "vocab_size": 256384, "d_model": 768, "d_ff": 2048, "num_heads": 12,
+                  "num_layers": 12, "num_decoder_layers": 12},
     "flan-t5-xl": {**_T5, "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
                    "vocab_size": 32128, "d_model": 2048, "d_ff": 5120, "num_heads": 32,
                    "num_layers": 24, "num_decoder_layers": 24},
@@ -45,6 +49,15 @@ SHAPES: dict[str, dict] = {
         "scale_embedding": True, "share_encoder_decoder_embeddings": True,
         "tie_word_embeddings": True, "pad_token_id": 58100, "eos_token_id": 0,
         "decoder_start_token_id": 58100, "forced_eos_token_id": 0},
+    # google/pegasus-large (its config.json; the T5 tokenizer's ids fit its vocabulary)
+    "pegasus-large": {
+        "architectures": ["PegasusForConditionalGeneration"], "model_type": "pegasus",
+        "vocab_size": 96103, "d_model": 1024, "encoder_layers": 16, "decoder_layers": 16,
+        "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+        "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "activation_function": "relu",
+        "max_position_embeddings": 1024, "scale_embedding": True, "tie_word_embeddings": True,
+        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+        "forced_eos_token_id": 1},
     "llama-3.2-1b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
         "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,

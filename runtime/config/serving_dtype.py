@@ -2,16 +2,18 @@
 
 A CPU serves float32 (its GEMMs are float32's; oneDNN prepacks them). A GPU serves a float32
 checkpoint in bfloat16 where it has bfloat16 (half the bytes every decode step reads), else in
-float16 -- except T5/mT5, whose activations overflow float16 (HF clamps them, and the
-checkpoints were trained in bfloat16): those stay float32 there, and a float16 T5
-checkpoint is served in bfloat16 where possible.
+float16 -- except T5/mT5/UMT5 and Pegasus, whose activations overflow float16 (HF clamps T5's;
+the checkpoints were trained in bfloat16): those stay float32 there, and a float16
+checkpoint of theirs is served in bfloat16 where possible.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-_OVERFLOWS_FLOAT16 = frozenset({"T5ForConditionalGeneration", "MT5ForConditionalGeneration"})
+_OVERFLOWS_FLOAT16 = frozenset({"T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+                                "UMT5ForConditionalGeneration",
+                                "PegasusForConditionalGeneration"})
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,11 @@ DEMO_T5 = dict(vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
 
 
 def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
-                        mt5: bool = False, init_scale: float = 4.0, embed_scale: float = 1.0,
-                        with_tokenizer: bool = True, **config) -> Path:
-    """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer).
+                        mt5: bool = False, umt5: bool = False, init_scale: float = 4.0,
+                        embed_scale: float = 1.0, with_tokenizer: bool = True,
+                        **config) -> Path:
+    """Write a random T5 v1.1-style checkpoint (config.json, model.safetensors, tokenizer):
+    T5's, `mt5`'s or `umt5`'s classes (UMT5: a position bias in every self-attention layer).
 
     `config` overrides DEMO_T5's fields (any T5Config field). `init_scale` multiplies HF's
     initializer and `embed_scale` the embedding, so tiny random models produce varied tokens
@@ -39,14 +41,17 @@ def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32
         MT5ForConditionalGeneration,
         T5Config,
         T5ForConditionalGeneration,
+        UMT5Config,
+        UMT5ForConditionalGeneration,
     )
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_kwargs = {**DEMO_T5, **config}
     tied = cfg_kwargs.pop("tie_word_embeddings")
-    cfg_cls, model_cls = (MT5Config, MT5ForConditionalGeneration) if mt5 else (
-        T5Config, T5ForConditionalGeneration)
+    cfg_cls, model_cls = ((UMT5Config, UMT5ForConditionalGeneration) if umt5 else
+                          (MT5Config, MT5ForConditionalGeneration) if mt5 else
+                          (T5Config, T5ForConditionalGeneration))
     hf_config = cfg_cls(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
                         initializer_factor=init_scale, tie_word_embeddings=tied, **cfg_kwargs)
     torch.manual_seed(seed)
@@ -77,6 +82,60 @@ def write_t5_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32
         "A tiny T5 v1.1-architecture checkpoint with RANDOM weights, written by "
         "`seq2serve demo-checkpoint`. Its output is meaningless text; it exists for smoke "
         "runs and tests. The tokenizer is the real T5 vocabulary (Apache-2.0).\n")
+    return out
+
+
+DEMO_PEGASUS = dict(vocab_size=32128, d_model=64, encoder_layers=2, decoder_layers=2,
+                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                    decoder_ffn_dim=128, activation_function="relu", scale_embedding=True,
+                    max_position_embeddings=512, tie_word_embeddings=True)
+
+
+def vary_weights(model, seed: int):
+    """Random weights at a scale where a tiny BART-family model's outputs vary with its input:
+    LayerNorms near 1 (biases near 0), other vectors small, matrices of unit output scale
+    (HF's init_std of 0.02 makes every source give the same tokens); sinusoids untouched."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.requires_grad:  # a computed table (Pegasus's sinusoids)
+                continue
+            if "layernorm" in name or "layer_norm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0)
+                        + 0.2 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 1.5 / p.shape[-1] ** 0.5)
+    return g  # for the caller's further draws
+
+
+def write_pegasus_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                             eos_bias: float = 0.0, embed_scale: float = 1.0,
+                             **config) -> Path:
+    """Write a random Pegasus checkpoint (HF's save_pretrained) with the T5 tokenizer, whose
+    ids agree with Pegasus's (pad 0 starts the decoder, EOS 1). `config` overrides
+    DEMO_PEGASUS's fields; `eos_bias` raises EOS's logit (final_logits_bias) so that outputs
+    end at different lengths; `embed_scale` multiplies the embedding (large embeddings under a
+    tied head repeat the previous token)."""
+    import torch
+    from transformers import PegasusConfig, PegasusForConditionalGeneration
+
+    out = Path(out)
+    hf_config = PegasusConfig(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                              forced_eos_token_id=1, **{**DEMO_PEGASUS, **config})
+    torch.manual_seed(seed)
+    model = PegasusForConditionalGeneration(hf_config).eval()
+    g = vary_weights(model, seed)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.5, generator=g)
+        model.model.shared.weight.mul_(embed_scale)
+        model.final_logits_bias[0, hf_config.eos_token_id] += eos_bias
+    model.to(getattr(torch, dtype)).save_pretrained(str(out))
+    for f in T5_TOKENIZER.iterdir():
+        shutil.copy(f, out / f.name)
     return out
 
 
