@@ -102,25 +102,43 @@ def _cmd_convert_gguf(ns: argparse.Namespace) -> int:
 
 
 def _cmd_transcribe(ns: argparse.Namespace) -> int:
-    """Each audio file's text, one line per file (or one JSON object with --json)."""
+    """Each audio file's text, one line per file (or one JSON object with --json); with
+    --timestamps a line per segment ("[start --> end] text"); --format srt | vtt |
+    verbose_json prints each file as that `response_format` of /v1/audio/transcriptions."""
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+    from seq2serve.runtime.frontend.transcription_formats import TIMESTAMP_FORMATS, formatted
 
     sampling = {"num_beams": ns.num_beams}
     if ns.max_new_tokens is not None:
         sampling["max_new_tokens"] = ns.max_new_tokens
     if ns.model_path is None:
         raise ValueError("--model-path is required: a Whisper checkpoint directory")
+    fmt = "json" if ns.json else ns.format
+    timed = ns.timestamps or fmt in TIMESTAMP_FORMATS
     with Seq2SeqEngine(model_path=ns.model_path, **server_args_from(ns)) as engine:
         for path in ns.files:
             with open(path, "rb") as f:
                 out = engine.transcribe(f.read(), language=ns.language, task=ns.task,
                                         sampling_params=sampling,
                                         chunk_length_s=ns.chunk_length_s,
-                                        stride_length_s=ns.stride_length_s)
-            if ns.json:
-                print(json.dumps({"file": path, "text": out["text"],
-                                  "tokens": out["meta_info"]["completion_tokens"]},
-                                 ensure_ascii=False))
+                                        stride_length_s=ns.stride_length_s,
+                                        return_timestamps=timed)
+            if fmt in TIMESTAMP_FORMATS:
+                whisper = engine.tokenizer_manager.whisper_prompt
+                body, _ = formatted(out, fmt, task=ns.task,
+                                    language=out.get("language") or whisper.language_code(
+                                        ns.language),
+                                    duration=out["duration"], temperature=0.0)
+                print(body.rstrip("\n"))
+            elif timed and fmt == "text":
+                for s in out["segments"]:
+                    print(f"[{s['start']:.2f} --> {s['end']:.2f}] {s['text'].strip()}")
+            elif fmt == "json":
+                line = {"file": path, "text": out["text"],
+                        "tokens": out["meta_info"]["completion_tokens"]}
+                if timed:
+                    line["segments"] = out["segments"]
+                print(json.dumps(line, ensure_ascii=False))
             else:
                 print(out["text"].strip())
     return 0
@@ -207,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="what each window shares with each neighbour, in seconds (default: a "
                         "sixth of the chunk)")
     t.add_argument("--json", action="store_true", help="print one JSON object per file")
+    t.add_argument("--timestamps", action="store_true",
+                   help="decode with Whisper's timestamps: a line per segment (audio of one "
+                        "30 s window)")
+    t.add_argument("--format", default="text",
+                   choices=["text", "json", "srt", "vtt", "verbose_json"],
+                   help="the output, as /v1/audio/transcriptions' response_format (srt, vtt, "
+                        "verbose_json: with timestamps)")
     t.set_defaults(fn=_cmd_transcribe)
 
     b = sub.add_parser("bench", help="benchmarks (with --baseline hf: against HF generate)")

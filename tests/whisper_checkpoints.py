@@ -48,7 +48,13 @@ def _specials(multilingual: bool) -> list[str]:
              "<|notimestamps|>"])
 
 
-def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0) -> Path:
+def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0,
+                             timestamps: bool = False) -> Path:
+    """With `timestamps`, the vocabulary ends with Whisper's 1,501 timestamp tokens
+    (`<|0.00|>` to `<|30.00|>`, ordinary added tokens after the specials, as the released
+    tokenizers have them); the multilingual one's generation_config.json caps the first
+    timestamp (`max_initial_timestamp_index`), the English-only one's does not."""
+    from tokenizers import AddedToken
     from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
@@ -64,12 +70,17 @@ def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0) -> Path:
                            unk_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.add_tokens(list(specials), special_tokens=True)
     assert tok.convert_tokens_to_ids(list(specials)) == list(specials.values())
+    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(1501)] if timestamps else []
+    if timestamps:  # the released tokenizers' specials (HF's offsets start after the last)
+        tok.add_special_tokens({"additional_special_tokens": list(specials)})
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in stamps])
     tok.save_pretrained(out)
     eot, sot = specials["<|endoftext|>"], specials["<|startoftranscript|>"]
     space = vocab["Ġ"]
     # suppressed: a few ordinary tokens too, so that the ban is visible in the outputs
     suppress = [vocab["!"], vocab["a"], specials["<|startofprev|>"], specials["<|nospeech|>"]]
-    cfg = WhisperConfig(vocab_size=len(vocab) + len(specials), max_source_positions=1500,
+    cfg = WhisperConfig(vocab_size=len(vocab) + len(specials) + len(stamps),
+                        max_source_positions=1500,
                         pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
                         decoder_start_token_id=sot, suppress_tokens=suppress,
                         begin_suppress_tokens=[space, eot], tie_word_embeddings=True,
@@ -94,6 +105,8 @@ def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0) -> Path:
         gen.task_to_id = {"translate": specials["<|translate|>"],
                           "transcribe": specials["<|transcribe|>"]}
         gen.lang_to_id = {f"<|{c}|>": specials[f"<|{c}|>"] for c in LANGUAGES}
+    if stamps and multilingual:
+        gen.max_initial_timestamp_index = 5
     gen.max_length = cfg.max_target_positions
     gen._from_model_config = False  # else from_pretrained rebuilds it from config.json
     gen.save_pretrained(out)

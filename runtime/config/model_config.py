@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from seq2serve.models import registry
 from seq2serve.models.family import FamilyConfig
+from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 
 _DTYPE_NAMES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16",
                 "float16": "float16", "half": "float16"}
@@ -32,6 +33,9 @@ class ModelConfig:
     # generation_config.json's min_length: the least decoder length, start token included
     # (HF's MinLengthLogitsProcessor; bart-large-cnn's 56)
     generation_min_length: int = 0
+    # Whisper's timestamp tokens (generation_config.json's no_timestamps_token_id, ...); None
+    # for a model without them
+    timestamp_tokens: TimestampTokens | None = None
 
     @classmethod
     def from_path(cls, model_path: str) -> ModelConfig:
@@ -48,11 +52,12 @@ class ModelConfig:
         architecture = registry.architecture_of(hf)
         model_cls = registry.model_class(architecture)
         dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+        arch = model_cls.config_class.from_hf(hf)
         return cls(
             model_path=model_path,
             architecture=architecture,
             checkpoint_dtype=_DTYPE_NAMES.get(str(dtype), "float32"),
-            arch=model_cls.config_class.from_hf(hf),
+            arch=arch,
             generation_eos_ids=_generation_eos(model_path),
             generation_bad_ids=_generation_bad_ids(model_path),
             generation_forced_bos=_generation_config(model_path).get("forced_bos_token_id"),
@@ -60,6 +65,9 @@ class ModelConfig:
             generation_suppress=_generation_ids(model_path, "suppress_tokens"),
             generation_begin_suppress=_generation_ids(model_path, "begin_suppress_tokens"),
             generation_min_length=_generation_min_length(model_path),
+            timestamp_tokens=TimestampTokens.from_generation_config(
+                _generation_config(model_path), arch.vocab_size,
+                arch.eos_token_ids[0] if arch.eos_token_ids else None),
         )
 
     @property

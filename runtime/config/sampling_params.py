@@ -38,6 +38,9 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # Whisper: the timestamp rules (HF's WhisperTimeStampLogitsProcessor) over the generated
+    # tokens; the decoder prompt then ends without <|notimestamps|>
+    timestamps: bool = False
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -87,7 +90,7 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be a list of token ids")
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, lo=0, hi=None if vocab_size is None else vocab_size - 1)
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "timestamps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         self._validate_beams()

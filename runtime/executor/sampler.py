@@ -125,7 +125,8 @@ class Sampler:
             head = torch.log_softmax(logits[:r], dim=-1)
             logits = torch.cat([head, logits[r:]]) if r < logits.shape[0] else head
         elif logits is model_logits and (self.suppressed is not None
-                                         or sb.grammar_rows is not None):
+                                         or sb.grammar_rows is not None
+                                         or sb.timestamps is not None):
             logits = logits.clone()  # the step output keeps the model's logits as they were
         self.suppress(logits)
         if sb.penalty_ids is not None:
@@ -134,6 +135,8 @@ class Sampler:
             logits[sb.banned_rows, sb.banned_cols] = float("-inf")
         if sb.grammar_rows is not None:  # each grammar row's allowed tokens only
             apply_bitmask(logits, sb.grammar_rows, sb.grammar_mask)
+        if sb.timestamps is not None:  # after every ban, as HF's processor comes after them
+            sb.timestamps.apply(logits)
         if sb.forced_rows is not None:  # HF's ForcedEOSTokenLogitsProcessor, applied last
             logits[sb.forced_rows] = float("-inf")
             logits[sb.forced_rows[:, None], sb.forced_ids[None, :]] = 0.0

@@ -8,8 +8,10 @@ from typing import Protocol
 import torch
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.seeded_race import row_key
+from seq2serve.runtime.executor.timestamp_rules import TimestampRows
 
 
 class SamplingRow(Protocol):
@@ -69,6 +71,9 @@ class SamplingBatch:
     # rows: in log-probs)
     grammar_rows: list[int] | None = None
     grammar_mask: torch.Tensor | None = None
+    # Whisper's timestamp rules for the rows that ask for them (timestamp_rules.py); their
+    # bounds come from each row's generated tokens, which the host has (no step ahead)
+    timestamps: TimestampRows | None = None
 
     @classmethod
     def beam_layout(cls, scores: list[float] | torch.Tensor, buckets: list[tuple[int, int, int]],
@@ -85,7 +90,8 @@ class SamplingBatch:
                   device: str, pending: int | list[int] = 0,
                   beams: dict | None = None, forced_eos: tuple[int, ...] = (),
                   begin_suppressed: tuple[int, ...] = (),
-                  grammar: tuple[list[int], torch.Tensor] | None = None) -> SamplingBatch:
+                  grammar: tuple[list[int], torch.Tensor] | None = None,
+                  timestamp_tokens: TimestampTokens | None = None) -> SamplingBatch:
         """`pending`: tokens each request (or, a list, each row) has generated that the host
         has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
         is on the host); they count for seeds and min_new_tokens.
@@ -93,7 +99,9 @@ class SamplingBatch:
         model's forced_eos_token_id(s), forced on a row's last token. `begin_suppressed`:
         tokens banned as a row's first generated token (HF's
         SuppressTokensAtBeginLogitsProcessor: Whisper's begin_suppress_tokens). `grammar`: the
-        grammar rows and their host bitmask (`grammar_rows`, `grammar_mask`)."""
+        grammar rows and their host bitmask (`grammar_rows`, `grammar_mask`).
+        `timestamp_tokens`: the model's, for the rows whose sampling params ask for
+        timestamps (Whisper)."""
         sps = [r.sampling_params for r in reqs]
         pend = pending if isinstance(pending, list) else [pending] * len(reqs)
 
@@ -135,6 +143,13 @@ class SamplingBatch:
                 t[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
             return t.to(device, non_blocking=True)
 
+        stamped = [i for i, sp in enumerate(sps) if sp.timestamps]
+        if stamped:
+            assert timestamp_tokens is not None, "refused at admission: no timestamp tokens"
+            assert not any(pend[i] for i in stamped), "timestamp rows never run ahead"
+            stamps = TimestampRows.of(stamped, [reqs[i].output_ids for i in stamped],
+                                      timestamp_tokens, vocab_size, device)
+
         return cls(
             temperatures=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
             greedy=torch.tensor(greedy, dtype=torch.bool).to(device, non_blocking=True),
@@ -164,6 +179,7 @@ class SamplingBatch:
             top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
             grammar_rows=list(grammar[0]) if grammar else None,
             grammar_mask=grammar[1].to(device, non_blocking=True) if grammar else None,
+            timestamps=stamps if stamped else None,
             **(beams or {}),
         )
 

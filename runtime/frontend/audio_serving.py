@@ -3,14 +3,18 @@
 
 Form fields: `file` (required), `model`, `language` (a code such as "de" or an English name;
 without one a multilingual model's is detected first, as HF's generate does, and the json
-answer names it), `response_format` (json or text), `temperature` (0 by default: greedy),
+answer names it), `response_format` (json, text, or with timestamps verbose_json, srt, vtt:
+`transcription_formats.py`), `timestamp_granularities[]` (segment; word is refused, not
+built), `temperature` (0 by default: greedy),
 `stream` (OpenAI's `transcript.text.delta` and `transcript.text.done` events), and the
 extensions `num_beams` / `beam_size` (beam search) and `max_tokens` (default: what the
 decoder's positions leave after the prompt). `/translations` is Whisper's translate task (to
 English). `prompt` is text before the audio's, as HF's `prompt_ids` (`<|startofprev|>` and its
-tokens before the forced ones). OpenAI fields this server does not implement yet (timestamps,
-`srt` / `vtt` / `verbose_json`, `include[]`, `chunking_strategy`) are refused naming the
-field; other fields are ignored, as OpenAI-compatible servers do.
+tokens before the forced ones). OpenAI fields this server does not implement yet (`include[]`,
+`chunking_strategy`, word timestamps) are refused naming the field; other fields are ignored,
+as OpenAI-compatible servers do. Timestamps are decoded with Whisper's timestamp rules (HF's
+`generate(return_timestamps=True)` for one window) for audio of one 30 s window; longer
+audio asking for them is a 400 (not built yet), and so is a stream of them.
 
 Audio longer than 30 s (up to `--max-audio-seconds`) is cut into HF's pipeline's 30 s windows
 with 5 s strides (the extension fields `chunk_length_s`, at most 30, and `stride_length_s`
@@ -24,10 +28,9 @@ windows decode side by side, ending about together); `max_tokens` is each window
 from __future__ import annotations
 
 import asyncio
-import json
 
 from fastapi import Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from seq2serve.runtime.frontend.audio_chunks import chunking
@@ -39,16 +42,18 @@ from seq2serve.runtime.frontend.openai_serving import (
     sse_response,
 )
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
+from seq2serve.runtime.frontend.transcription_formats import (
+    FORMATS,
+    TIMESTAMP_FORMATS,
+    formatted,
+)
 from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
 from seq2serve.runtime.frontend.translation import with_beams
 from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
-FORMATS = ("json", "text")
-TIMESTAMP_FORMATS = ("srt", "vtt", "verbose_json")
+GRANULARITIES = ("timestamp_granularities[]", "timestamp_granularities")  # (either spelling)
 # OpenAI's fields that ask for what is not built yet (issue 43): refused when given
 NOT_YET = {
-    "timestamp_granularities[]": "timestamps are not built yet",
-    "timestamp_granularities": "timestamps are not built yet",
     "include[]": "token log-probs of transcriptions are not built yet",
     "chunking_strategy": "long audio is cut into fixed windows (HF's pipeline's: 30 s with "
                          "5 s strides, or chunk_length_s and stride_length_s); voice-activity "
@@ -87,16 +92,22 @@ class AudioServing:
                 raise RequestError(f"{name} is not supported by {endpoint}: {why}",
                                    param=name.rstrip("[]"))
         fmt = _text(form, "response_format") or "json"
-        if fmt in TIMESTAMP_FORMATS:
-            raise RequestError(f"response_format {fmt!r} needs timestamps, which this server "
-                               f"does not produce yet; use json or text",
-                               param="response_format")
         if fmt not in FORMATS:
-            raise RequestError(f"response_format {fmt!r} is not one of "
-                               f"{', '.join(FORMATS + TIMESTAMP_FORMATS)}",
+            raise RequestError(f"response_format {fmt!r} is not one of {', '.join(FORMATS)}",
                                param="response_format")
+        _check_granularities(form, fmt)
         stream = _flag(form, "stream")
+        timestamps = fmt in TIMESTAMP_FORMATS
+        if stream and timestamps:
+            raise RequestError(f"stream is not supported with response_format {fmt!r} "
+                               f"(segments come whole); stream json or text",
+                               param="stream")
         whisper = self.prompt()
+        if timestamps:
+            try:
+                whisper.check_timestamps(f"response_format {fmt!r}")
+            except ValueError as e:
+                raise RequestError(str(e), param="response_format") from None
         language, user = _text(form, "language"), _text(form, "user")
         try:
             whisper.tokens(language, task)  # a bad language or task: named before the audio
@@ -122,13 +133,19 @@ class AudioServing:
                 chunk_s, stride_s)
         except ValueError as e:
             raise RequestError(str(e), param="file") from None
+        if timestamps:
+            try:
+                job.check_timestamps()
+            except ValueError as e:
+                raise RequestError(f"response_format {fmt!r}: {e}",
+                                   param="response_format") from None
         detected_language = None
         if language is None and whisper.is_multilingual:  # HF's generate detects it
             obj, codes = detection_request(whisper, job.detection_audio, user)
             language, _ = detected(await self.serving.collect(obj, request), codes)
             detected_language = language
         try:
-            decoder_ids = whisper.tokens(language, task)
+            decoder_ids = whisper.tokens(language, task, timestamps=timestamps)
         except ValueError as e:
             raise RequestError(str(e), param="language") from None
         previous = _text(form, "prompt")
@@ -148,7 +165,8 @@ class AudioServing:
                                f"{whisper.max_target_positions} positions less the prompt)",
                                param="max_tokens")
         sp = {"max_new_tokens": max_tokens or room,
-              "temperature": _number(form, "temperature", float) or 0.0}
+              "temperature": _number(form, "temperature", float) or 0.0,
+              "timestamps": timestamps}
         num_beams = _number(form, "num_beams", int)
         if num_beams is not None:
             sp["num_beams"] = num_beams
@@ -161,19 +179,15 @@ class AudioServing:
         if stream and not job.is_long:
             return await self._stream(objs[0])
         results = await _collect_all(self.serving, objs, request)
-        result = job.answer(results, self.tm.tokenizer, whisper)
+        result = (job.timed(results, self.tm.tokenizer, whisper) if timestamps
+                  else job.answer(results, self.tm.tokenizer, whisper))
         if stream:  # long audio: the merged text, once every window is done
             return sse_response(_whole_text_events(result["text"]))
-        if fmt == "text":
-            return PlainTextResponse(result["text"])
-        meta = result["meta_info"]
-        body = {"text": result["text"], "usage": {
-            "type": "tokens", "input_tokens": meta["prompt_tokens"],
-            "output_tokens": meta["completion_tokens"],
-            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}}
-        if detected_language is not None:
-            body["language"] = detected_language
-        return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
+        body, media_type = formatted(
+            result, fmt, task=task, language=detected_language or whisper.language_code(language),
+            duration=job.duration, temperature=sp["temperature"],
+            detected=detected_language is not None)
+        return Response(body, media_type=media_type)
 
     async def _stream(self, obj: GenerateReqInput):
         first, agen = await self.serving._first(self.tm.generate(obj))
@@ -189,6 +203,23 @@ class AudioServing:
             yield "data: [DONE]\n\n"
 
         return sse_response(events())
+
+
+def _check_granularities(form, fmt: str) -> None:
+    """OpenAI's `timestamp_granularities[]`: segment (with verbose_json, as OpenAI's);
+    word timestamps are not built."""
+    for name in GRANULARITIES:
+        for value in form.getlist(name):
+            if isinstance(value, UploadFile):
+                raise RequestError(f"{name} must be a text field, not a file", param=name)
+            if value == "word":
+                raise RequestError(f"{name} 'word' is not supported: word timestamps are not "
+                                   f"built (segment is)", param=name)
+            if value != "segment":
+                raise RequestError(f"{name} {value!r} is not one of segment, word", param=name)
+            if fmt != "verbose_json":
+                raise RequestError(f"{name} needs response_format verbose_json (got {fmt!r})",
+                                   param=name)
 
 
 async def _collect_all(serving: OpenAIServing, objs: list[GenerateReqInput],

@@ -143,7 +143,8 @@ class Seq2SeqEngine:
     def transcribe(self, audio: Any, language: str | None = None, task: str = "transcribe",
                    sampling_params: dict | None = None, prompt: str | None = None,
                    chunk_length_s: float = 30.0,
-                   stride_length_s: float | None = None) -> dict[str, Any]:
+                   stride_length_s: float | None = None,
+                   return_timestamps: bool = False) -> dict[str, Any]:
         """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
         16 kHz samples; up to `max_audio_seconds`), as `/v1/audio/transcriptions` answers it:
         {"text", "output_ids", "meta_info"}. Audio longer than 30 s is cut into HF's
@@ -156,7 +157,11 @@ class Seq2SeqEngine:
         `prompt_ids`, before every window's). By default greedy, up to the decoder's positions
         left after the prompt (each window's); `sampling_params` overrides (num_beams, ...).
         `chunk_length_s` (at most 30) and `stride_length_s` (by default a sixth of the chunk)
-        are HF's pipeline's: other windows, cut and merged as it would."""
+        are HF's pipeline's: other windows, cut and merged as it would. `return_timestamps`
+        (HF's name): decoded with Whisper's timestamp rules, as HF's
+        `generate(return_timestamps=True)` for one window, and the result has "segments"
+        (`timestamp_segments.Segment`: start, end in seconds, text, tokens; "text" without
+        the timestamps); audio of one 30 s window only (a ValueError for longer audio)."""
         from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -167,19 +172,27 @@ class Seq2SeqEngine:
                              "(Whisper)")
         if language is not None or not whisper.is_multilingual:
             whisper.tokens(language, task)  # a bad language or task: named before decoding
+        if return_timestamps:
+            whisper.check_timestamps("return_timestamps")
         job = TranscriptionJob.of(audio, tm.audio_limits, tm.media_policy, chunk_length_s,
                                   stride_length_s)
+        if return_timestamps:
+            job.check_timestamps()
         scores = None
         if language is None and whisper.is_multilingual:
             obj, codes = detection_request(whisper, job.detection_audio)
             language, scores = detected(self._call(_collect_all(tm, [obj])), codes)
-        forced = whisper.tokens(language, task)
+        forced = whisper.tokens(language, task, timestamps=return_timestamps)
         if prompt is not None:
             forced = whisper.previous_ids(tm.tokenizer, prompt) + forced
         sp = {"max_new_tokens": whisper.max_target_positions - len(forced),
               "temperature": 0.0, **(sampling_params or {})}
+        if return_timestamps:
+            sp["timestamps"] = True
         objs = job.requests(forced, sp, self.args.max_batch_inputs)
-        out = job.answer(self._call(_collect_all(tm, objs)), tm.tokenizer, whisper)
+        results = self._call(_collect_all(tm, objs))
+        out = (job.timed(results, tm.tokenizer, whisper) if return_timestamps
+               else job.answer(results, tm.tokenizer, whisper))
         if scores is not None:
             out["language"], out["language_logprobs"] = language, scores
         return out

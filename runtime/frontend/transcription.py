@@ -7,8 +7,10 @@ is forced, not generated: HF counts none of it in a beam's length (`decoder_forc
 A multilingual model's prompt names a language: without one, `whisper_language.py` detects it
 first (the endpoints and `Seq2SeqEngine.transcribe` do). Previous text (OpenAI's `prompt`,
 HF's `prompt_ids`) goes before the forced tokens: `<|startofprev|>` and the text's tokens
-(`previous_ids`, as HF's `WhisperTokenizer.get_prompt_ids`). Not built yet (issue 43):
-timestamps (`WhisperTimeStampLogitsProcessor`).
+(`previous_ids`, as HF's `WhisperTokenizer.get_prompt_ids`). With timestamps (HF's
+`return_timestamps=True`) the prompt ends without `<|notimestamps|>`, and the request's
+`timestamps` sampling parameter turns the timestamp rules on
+(`runtime/executor/timestamp_rules.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ class WhisperPrompt:
     lang_to_id: dict[str, int]  # "<|en|>" -> id
     task_to_id: dict[str, int]  # "transcribe" -> id
     max_target_positions: int = 448  # the decoder's positions: prompt and text together
+    vocab_size: int = 0  # the model's (config.json): timestamp tokens follow no-timestamps
+
+    @property
+    def has_timestamps(self) -> bool:
+        """Whether the vocabulary has timestamp tokens (`<|0.00|>` after `<|notimestamps|>`)."""
+        return self.no_timestamps_token_id + 1 < self.vocab_size
+
+    def check_timestamps(self, name: str) -> None:
+        """A ValueError naming `name` (what asked for timestamps) for a model without them."""
+        if not self.has_timestamps:
+            raise ValueError(f"{name} needs timestamps: this model has no timestamp tokens "
+                             f"(none after <|notimestamps|> in its vocabulary)")
 
     @classmethod
     def from_model(cls, model_path: str) -> WhisperPrompt:
@@ -46,11 +60,14 @@ class WhisperPrompt:
             lang_to_id=dict(gen.get("lang_to_id") or {}),
             task_to_id=dict(gen.get("task_to_id") or {}),
             max_target_positions=int(cfg.get("max_target_positions", 448)),
+            vocab_size=int(cfg.get("vocab_size", 0)),
         )
 
-    def tokens(self, language: str | None = None, task: str = "transcribe") -> list[int]:
+    def tokens(self, language: str | None = None, task: str = "transcribe",
+               timestamps: bool = False) -> list[int]:
         """The forced prompt for `language` (a code "en" or "<|en|>", or an English name
-        "english") and `task`; a ValueError naming the choices for anything else."""
+        "english") and `task`, ending in `<|notimestamps|>` unless `timestamps`; a ValueError
+        naming the choices for anything else."""
         prompt = [self.decoder_start_token_id]
         if self.is_multilingual:
             if language is None:
@@ -69,7 +86,7 @@ class WhisperPrompt:
             if task != "transcribe":
                 raise ValueError(f"this model is English-only: it only transcribes "
                                  f"(task {task!r})")
-        return prompt + [self.no_timestamps_token_id]
+        return prompt if timestamps else prompt + [self.no_timestamps_token_id]
 
     def previous_ids(self, tokenizer, text: str) -> list[int]:
         """`<|startofprev|>` and `text`'s tokens, as HF's `get_prompt_ids` makes them (the text
@@ -82,6 +99,15 @@ class WhisperPrompt:
             raise ValueError(f"the prompt holds the special token "
                              f"{tokenizer.convert_ids_to_tokens(bad)!r}")
         return ids
+
+    def language_code(self, language: str | None) -> str | None:
+        """`language` as a code ("german" -> "de"); an English-only model's is "en"."""
+        if not self.is_multilingual:
+            return "en"
+        if language is None:
+            return None
+        return next(c for c, i in self.lang_to_id.items()
+                    if i == self.language_id(language)).strip("<|>")
 
     def language_codes(self) -> list[str]:
         return sorted(code.strip("<|>") for code in self.lang_to_id)

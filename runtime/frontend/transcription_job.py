@@ -8,11 +8,17 @@ before; longer audio is one batch of requests, one per window, all with the same
 prompt (language, task, previous text), sent together so that the scheduler batches them
 with each other and with other callers' requests, and their text tokens are merged as HF's
 pipeline merges them.
+
+With timestamps (`timed`) the answer has segments, as HF's `generate(return_timestamps=True)`
+gives them for one window decoded once (`force_unique_generate_call=True`:
+`timestamp_segments.py`). Only audio of one window gets them: long audio's windows merged
+with their timestamps (the pipeline's `_decode_asr` with `return_timestamps=True`) are not
+built, and `check_timestamps` refuses it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -20,18 +26,21 @@ import numpy as np
 from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.frontend.audio_chunks import (
+    SAMPLING_RATE,
     chunking,
     merge_tokens,
     text_tokens,
     windows,
 )
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_rows
+from seq2serve.runtime.frontend.timestamp_segments import segments, text_ids
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
 
 
 @dataclass(frozen=True)
 class TranscriptionJob:
     windows: list[np.ndarray]  # each window's 16 kHz samples, in order (one: <= 30 s)
+    num_samples: int = 0  # the whole audio's
 
     @classmethod
     def of(cls, audio: Any, limits: AudioLimits, policy: MediaPolicy,
@@ -43,11 +52,24 @@ class TranscriptionJob:
         over a limit, a chunking that does not fit a window)."""
         chunk = chunking(chunk_length_s, stride_length_s)
         samples = read_audio(audio, limits, policy)
-        return cls([samples[w.start:w.end] for w in windows(samples.shape[0], *chunk)])
+        return cls([samples[w.start:w.end] for w in windows(samples.shape[0], *chunk)],
+                   samples.shape[0])
 
     @property
     def is_long(self) -> bool:
         return len(self.windows) > 1
+
+    @property
+    def duration(self) -> float:
+        """The audio's length in seconds."""
+        return self.num_samples / SAMPLING_RATE
+
+    def check_timestamps(self) -> None:
+        """A ValueError for audio past one window: its timestamps are not built."""
+        if self.is_long:
+            raise ValueError(f"timestamps are built for audio of at most one 30 s window; "
+                             f"this audio is cut into {len(self.windows)} windows (long "
+                             f"audio's timestamps are not built yet: ask for text or json)")
 
     @property
     def detection_audio(self) -> np.ndarray:
@@ -89,4 +111,18 @@ class TranscriptionJob:
                                       reasons[-1]),
                 "windows": len(self.windows)}
         return {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
+
+    def timed(self, results: list[dict[str, Any]], tokenizer,
+              whisper: WhisperPrompt) -> dict[str, Any]:
+        """The answer of a request decoded with timestamps: its text without them, and its
+        segments (`timestamp_segments.Segment`'s fields as a dict: start and end in seconds
+        from the audio's start, text, tokens) and the audio's duration in seconds."""
+        self.check_timestamps()
+        [result] = results
+        begin = whisper.no_timestamps_token_id + 1
+        ids = result["output_ids"]
+        return {**result, "text": tokenizer.decode(text_ids(ids, begin),
+                                                   skip_special_tokens=True),
+                "duration": self.duration,
+                "segments": [asdict(s) for s in segments(ids, begin, tokenizer.decode)]}
 

@@ -88,9 +88,10 @@ class Req:
     def __post_init__(self) -> None:
         sp = self.sampling_params
         # fixed for the request's life; the scheduler checks them every step. Penalties, n-gram
-        # bans and grammars read every generated token: no step can run ahead of the host
+        # bans, grammars and Whisper's timestamp rules read every generated token: no step can
+        # run ahead of the host
         self.reads_history = (sp.has_penalties or sp.no_repeat_ngram_size > 0
-                              or sp.grammar is not None)
+                              or sp.grammar is not None or sp.timestamps)
         self.plain_greedy = (sp.is_greedy and not sp.is_beam and not self.reads_history
                              and not self.return_logprob)
 

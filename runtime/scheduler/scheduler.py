@@ -155,7 +155,8 @@ class Scheduler:
         self.launcher = StepLauncher(self.worker, self.memory, model_config.vocab_size,
                                      self.eos_ids, self.device,
                                      forced_eos=model_config.forced_eos_token_ids,
-                                     begin_suppressed=model_config.begin_suppressed_token_ids)
+                                     begin_suppressed=model_config.begin_suppressed_token_ids,
+                                     timestamp_tokens=model_config.timestamp_tokens)
         self.notices: list[TokenOutput] = []  # requests refused at admission
         self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids)
 
@@ -169,6 +170,9 @@ class Scheduler:
             raise ValueError(f"request id {tr.rid!r} is already in use")
         self.limits.check(tr.encoder_input_ids, tr.decoder_input_ids, sp.max_new_tokens,
                           sum(p.num_tokens for p in tr.encoder_inputs))
+        if sp.timestamps and self.model_config.timestamp_tokens is None:
+            raise ValueError("timestamps: this model has no timestamp tokens (Whisper's, "
+                             "after generation_config.json's no_timestamps_token_id)")
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model directory has none")
         if tr.encoder_inputs and not arch.num_cross_attn_layers:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from seq2serve.runtime.attention.forward_batch import ForwardMode
+from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
@@ -41,7 +42,8 @@ class StepLauncher:
     def __init__(self, executor, memory: RequestMemory, vocab_size: int,
                  eos_ids: tuple[int, ...], device: str,
                  forced_eos: tuple[int, ...] = (),
-                 begin_suppressed: tuple[int, ...] = ()) -> None:
+                 begin_suppressed: tuple[int, ...] = (),
+                 timestamp_tokens: TimestampTokens | None = None) -> None:
         self.executor = executor  # its launch(DecoderBatch) -> StepOutput, looked up per call
         self.memory = memory
         self.vocab_size = vocab_size
@@ -49,6 +51,7 @@ class StepLauncher:
         self.device = device
         self.forced_eos = forced_eos  # the model's forced_eos_token_id(s)
         self.begin_suppressed = begin_suppressed  # tokens never a request's first (Whisper)
+        self.timestamp_tokens = timestamp_tokens  # Whisper's, for rows with timestamps
 
     def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
                chunk: tuple[Req, int] | None = None) -> InFlight:
@@ -78,7 +81,8 @@ class StepLauncher:
                                                self.device, pending=pending, beams=beams,
                                                forced_eos=self.forced_eos,
                                                begin_suppressed=self.begin_suppressed,
-                                               grammar=grammar)
+                                               grammar=grammar,
+                                               timestamp_tokens=self.timestamp_tokens)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling)
         else:

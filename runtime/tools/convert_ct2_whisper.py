@@ -222,6 +222,9 @@ def _generation(cfg: dict[str, Any], tokens: dict[str, int],
            "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
            "pad_token_id": cfg["pad_token_id"], "max_length": cfg["max_target_positions"],
            "no_timestamps_token_id": tokens["<|notimestamps|>"],
+           # the released checkpoints' (OpenAI's max_initial_timestamp of 1 s): the timestamp
+           # rules cap the first timestamp with it
+           "max_initial_timestamp_index": 50,
            "prev_sot_token_id": tokens["<|startofprev|>"],
            "suppress_tokens": cfg["suppress_tokens"],
            "begin_suppress_tokens": cfg["begin_suppress_tokens"],

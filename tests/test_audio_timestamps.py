@@ -1,0 +1,188 @@
+"""Whisper timestamps through OpenAI's /v1/audio/* with the unmodified `openai` client, the
+engine and the command line, on tiny random checkpoints with timestamp tokens
+(tests/whisper_checkpoints.py) in float32: `verbose_json` segments, `srt` and `vtt` cues are
+HF's for one window (the tokens of `generate(return_timestamps=True)` in one call, cut into
+segments by HF's tokenizer, `decode(..., output_offsets=True)`); bad values are 400s naming
+the field."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+import torch
+
+from seq2serve.tests.server_helpers import ServerProcess
+from seq2serve.tests.whisper_checkpoints import clip, encoded, write_whisper_checkpoint
+
+pytest.importorskip("soundfile")
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper-ts-api")
+    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5,
+                                                         timestamps=True)),
+            "english": str(write_whisper_checkpoint("english", root / "e", seed=1,
+                                                    timestamps=True))}
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    s = ServerProcess(ckpt["multilingual"], "--max-audio-seconds", "100")
+    try:
+        yield s
+    finally:
+        s.kill()
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def hf_offsets(path: str, samples, **kwargs) -> dict:
+    """HF's text and segments for one window: generate with timestamps in one call (as many
+    new tokens as the decoder's positions leave, the server's default), decoded by HF's
+    tokenizer with its offsets."""
+    from transformers import (
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizer,
+    )
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+    features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    prompt_len = 3 if "language" in kwargs else 1  # <|sot|> [lang task]
+    with torch.no_grad():
+        seq = model.generate(features, return_timestamps=True, force_unique_generate_call=True,
+                             max_new_tokens=model.config.max_target_positions - prompt_len,
+                             **kwargs)[0].tolist()
+    tok = WhisperTokenizer.from_pretrained(path)
+    out = tok.decode(seq, output_offsets=True)
+    assert out["offsets"], "the clip should give segments"
+    return {"text": tok.decode(seq, skip_special_tokens=True), "offsets": out["offsets"],
+            "tokens": seq[prompt_len:]}
+
+
+def assert_segments(segments, expected: dict) -> None:
+    assert_close([(s["start"], s["end"], s["text"]) for s in segments], cues_of(expected, False))
+
+
+def cues_of(expected: dict, strip: bool = True) -> list[tuple[float, float, str]]:
+    """HF's offsets as (start, end, text), the text stripped as a subtitle's cue is."""
+    return [(o["timestamp"][0], o["timestamp"][1], o["text"].strip() if strip else o["text"])
+            for o in expected["offsets"]]
+
+
+def assert_close(got: list[tuple[float, float, str]], want: list[tuple[float, float, str]],
+                 abs_s: float = 1e-6) -> None:
+    """Equal texts, and times within `abs_s` seconds (a subtitle's clock has milliseconds)."""
+    assert [t for _, _, t in got] == [t for _, _, t in want]
+    times = [x for a, b, _ in want for x in (a, b)]
+    assert [x for a, b, _ in got for x in (a, b)] == pytest.approx(times, abs=abs_s)
+
+
+def cues(subtitles: str) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each cue of an SRT or WebVTT file."""
+    clock = r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d)"
+    found = re.findall(rf"{clock} --> {clock}\n(.*?)\n\n", subtitles, flags=re.S)
+
+    def seconds(h, m, s, ms):
+        return int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
+
+    return [(seconds(*c[:4]), seconds(*c[4:8]), c[8]) for c in found]
+
+
+def test_verbose_json_srt_and_vtt_are_hfs_segments(ckpt, server):
+    path, samples = ckpt["multilingual"], clip(0)
+    expected = hf_offsets(path, samples, language="de", task="transcribe")
+    wav = encoded(samples, 16_000, "WAV")
+    api = client(server).audio.transcriptions
+    verbose = api.create(model=path, file=("a.wav", wav), language="de",
+                         response_format="verbose_json", timestamp_granularities=["segment"])
+    body = verbose.model_dump()
+    assert body["text"] == expected["text"] and body["language"] == "de"
+    assert body["task"] == "transcribe" and body["duration"] == pytest.approx(20.0)
+    assert_segments(body["segments"], expected)
+    assert len(body["segments"]) >= 3
+    tokens = [t for s in body["segments"] for t in s["tokens"]]
+    assert all(t in expected["tokens"] for t in tokens)
+    assert [s["id"] for s in body["segments"]] == list(range(len(body["segments"])))
+    srt = api.create(model=path, file=("a.wav", wav), language="de", response_format="srt")
+    assert srt.startswith("1\n")
+    assert_close(cues(srt), cues_of(expected), abs_s=6e-4)
+    vtt = api.create(model=path, file=("a.wav", wav), language="de", response_format="vtt")
+    assert vtt.startswith("WEBVTT\n\n")
+    assert_close(cues(vtt), cues_of(expected), abs_s=6e-4)
+
+
+def test_translations_and_a_detected_language(ckpt, server):
+    """/translations is the translate task; without a language the detected one is named."""
+    path, samples = ckpt["multilingual"], clip(2)
+    wav = encoded(samples, 16_000, "WAV")
+    out = client(server).audio.translations.create(
+        model=path, file=("a.wav", wav), response_format="verbose_json",
+        extra_body={"language": "fr"}).model_dump()
+    assert out["task"] == "translate" and out["language"] == "fr"
+    assert_segments(out["segments"], hf_offsets(path, samples, language="fr",
+                                                task="translate"))
+    detected = client(server).audio.transcriptions.create(
+        model=path, file=("a.wav", wav), response_format="verbose_json").model_dump()
+    assert detected["language"] in ("en", "de", "fr") and detected["segments"]
+
+
+@pytest.mark.parametrize("fields, param, named", [
+    ({"response_format": "xml"}, "response_format", "is not one of json, text, srt"),
+    ({"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+     "timestamp_granularities[]", "word timestamps are not built"),
+    ({"response_format": "json", "timestamp_granularities[]": "segment"},
+     "timestamp_granularities[]", "needs response_format verbose_json"),
+    ({"response_format": "verbose_json", "timestamp_granularities[]": "line"},
+     "timestamp_granularities[]", "is not one of segment, word"),
+    ({"response_format": "srt", "stream": "true"}, "stream", "stream is not supported"),
+    ({"response_format": "vtt", "long": True}, "response_format", "at most one 30 s window"),
+])
+def test_bad_values_are_named(server, fields, param, named):
+    samples = clip(1, seconds=45.0) if fields.pop("long", False) else clip(1)
+    files = {"file": ("a.wav", encoded(samples, 16_000, "WAV"))}
+    r = httpx.post(server.url + "/v1/audio/transcriptions", data={"language": "de", **fields},
+                   files=files, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert named in error["message"] and error["param"] == param, error
+
+
+def test_the_engine(ckpt):
+    """`Seq2SeqEngine.transcribe(return_timestamps=True)` on the English-only model: HF's
+    tokens, text and segments; audio longer than one window is refused."""
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+
+    path, samples = ckpt["english"], clip(3)
+    expected = hf_offsets(path, samples)
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
+        got = engine.transcribe(encoded(samples, 16_000, "WAV"), return_timestamps=True)
+        with pytest.raises(ValueError, match="at most one 30 s window"):
+            engine.transcribe(clip(3, seconds=40.0), return_timestamps=True)
+    assert got["text"] == expected["text"] and got["output_ids"] == expected["tokens"]
+    assert_segments(got["segments"], expected)
+
+
+def test_the_command_line(ckpt, server, tmp_path):
+    """`seq2serve transcribe --format srt`: the endpoint's cues."""
+    import subprocess
+    import sys
+
+    path, samples = ckpt["multilingual"], clip(0)
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(encoded(samples, 16_000, "WAV"))
+    served = client(server).audio.transcriptions.create(
+        model=path, file=("a.wav", wav.read_bytes()), language="de", response_format="srt")
+    r = subprocess.run([sys.executable, "-m", "seq2serve.runtime.cli", "transcribe", str(wav),
+                        "--model-path", path, "--device", "cpu", "--dtype", "float32",
+                        "--language", "de", "--format", "srt"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == served.rstrip("\n") + "\n" and cues(served)
