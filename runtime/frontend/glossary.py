@@ -4,9 +4,10 @@ request, or the name of one the server loaded at start (`--glossary NAME=path.js
 A source term occurs in a text where it matches case-insensitively (Python's `re.IGNORECASE`)
 and is not part of a longer word: no letter, digit or underscore right before or after it
 (for a term that begins or ends with a letter of a script written without spaces, CJK, kana,
-Thai, Lao, Khmer, Myanmar, that end has no such condition). Occurrences are found leftmost-longest without overlap
-("New York" wins over "York" in "New York"). The target term is required exactly as given
-(its case included); inflection is not handled: the glossary must hold each form it wants.
+Thai, Lao, Khmer, Myanmar, that end has no such condition). Occurrences are found
+leftmost-longest without overlap ("New York" wins over "York" in "New York"). The target
+term is required exactly as given (its case included), as a whole word by the same rule;
+inflection is not handled: the glossary must hold each form it wants.
 Every check is a ValueError that starts with the field's name, `glossary` (the 400's param).
 """
 
