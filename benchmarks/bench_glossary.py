@@ -17,7 +17,10 @@ For each: how many outputs hold their term (exactly, as a whole word), how many 
 the year reading, how many stopped at the token limit, and sentences per second (the 200
 inputs in one call, caches flushed; the median of the rounds after a warm-up).
 
-    .venv/bin/python benchmarks/bench_glossary.py [--rounds 3] [--json out.json]
+    .venv/bin/python benchmarks/bench_glossary.py [--rounds 3] [--beams 1,4] [--count 200]
+        [--json out.json]
+
+(`--count N`: every (200 / N)-th year only.)
 """
 
 from __future__ import annotations
@@ -75,13 +78,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--beams", default="1,4")
+    ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     terms = glossary()
-    inputs = list(terms)
+    inputs = list(terms)[::max(1, len(terms) // args.count)][:args.count]
     rows = []
     with Seq2SeqEngine(device=args.device) as engine:
-        for beams in (1, 4):
+        for beams in (int(b) for b in args.beams.split(",")):
             for mode in ("none", "grammar only", "glossary"):
                 texts, reasons, _ = run(engine, mode, beams, inputs, terms)  # warm-up
                 times = [run(engine, mode, beams, inputs, terms)[2] for _ in range(args.rounds)]

@@ -163,7 +163,8 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
     _check(tm, documents, fmt, targets, sampling_params)
     prefixes = options.prefixes(fmt, len(documents), stream,
                                 options.target_prefix is None or tm.is_encoder_decoder)
-    check_combination(glossary, options, stream, prefixes, tm.is_encoder_decoder)
+    if glossary is not None:
+        check_combination(glossary, options, stream, prefixes, tm.is_encoder_decoder)
     one_each = options.alternatives is not None or any(prefixes)  # sentence per input
     sampling_params = options.sampling(sampling_params)
     sources, detected = _sources(tm, documents, fmt, source_lang)
