@@ -84,6 +84,7 @@ class ServerArgs:
     max_batch_inputs: int = 1024  # most rows (prompts x n x num_beams) in one request
     max_stop_chars: int = 1024  # most characters of a request's stop strings, all together
     max_document_chars: int = 100_000  # longest document to translate, in characters
+    glossary: str | None = None  # named translation glossaries: NAME=path.json[,NAME2=path2.json]
     # connections (HTTP server)
     max_connections: int = 2048  # open connections (or requests) at once; beyond: a 503
     api_server_count: int = 1  # HTTP processes sharing the port (the HTTP work spread over cores)

@@ -33,6 +33,9 @@ from seq2serve.runtime.frontend.generate_request import (
     invalid_text,
     rows_per_prompt,
 )
+from seq2serve.runtime.frontend.glossary import Glossary
+from seq2serve.runtime.frontend.glossary_plan import GlossaryPlan, check_combination, glossary_plan
+from seq2serve.runtime.frontend.glossary_search import Run
 from seq2serve.runtime.frontend.language_detection import (
     SAMPLE_CHARS,
     detected_source,
@@ -60,6 +63,15 @@ class DocumentJob:
     request: GenerateReqInput | None  # the batch's sources; None when there are none
     outputs: SourceOutputs  # what alternatives, a target prefix, scores add to the results
     detected: list[dict[str, Any]] | None = None  # per document, with source_lang "auto"
+    glossary: GlossaryPlan | None = None  # the sources holding glossary terms
+
+    async def enforce(self, outputs: list[dict[str, Any]], run: Run) -> list[dict[str, Any]]:
+        """The sources' outputs (generate's, in order) with each glossary term its source
+        holds placed (`glossary_search.py`; `run` sends one more request and collects its
+        results); without a glossary, `outputs` as they are."""
+        if self.glossary is None:
+            return outputs
+        return await self.glossary.enforce(outputs, run)
 
     def results(self, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each document's result, shaped as generate's ("text", "output_ids", "meta_info";
@@ -138,7 +150,8 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
                  source_lang: str, target_lang: str | list[str],
                  sampling_params: dict[str, Any], stream: bool = False,
                  user: str | None = None,
-                 options: TranslationOptions | None = None) -> DocumentJob:
+                 options: TranslationOptions | None = None,
+                 glossary: Glossary | None = None) -> DocumentJob:
     """The documents of a translation request as one batch of pieces. ValueError naming the
     field (input, format, source_lang, target_lang, alternatives, target_prefix,
     return_scores, the limit) for what cannot be translated: documents count against
@@ -150,6 +163,8 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
     _check(tm, documents, fmt, targets, sampling_params)
     prefixes = options.prefixes(fmt, len(documents), stream,
                                 options.target_prefix is None or tm.is_encoder_decoder)
+    if glossary is not None:
+        check_combination(glossary, options, stream, prefixes, tm.is_encoder_decoder)
     one_each = options.alternatives is not None or any(prefixes)  # sentence per input
     sampling_params = options.sampling(sampling_params)
     sources, detected = _sources(tm, documents, fmt, source_lang)
@@ -186,17 +201,21 @@ def document_job(tm: TokenizerManager, model_path: str, inputs: str | list[str],
               else [[] for _ in batch.sources])
     outputs = SourceOutputs(tm.tokenizer, prefix, sampling_params, options.alternatives,
                             options.return_scores)
-    request = None
+    request, plan = None, None
     if batch.sources:
         bases = [encoders[r].decoder_prompt for r in batch.targets]
+        sources_ids = [encoded.ids[(s, t)] for s, t in zip(batch.sources, batch.targets)]
+        if glossary is not None:
+            plan = glossary_plan(tm, glossary, batch.sources, sources_ids, bases,
+                                 sampling_params, max_new, user)
         request = translation_request(
-            [encoded.ids[(s, t)] for s, t in zip(batch.sources, batch.targets)],
+            sources_ids,
             [(b or []) + p if p else b for b, p in zip(bases, prefix)], sampling_params,
             stream, user,
             # HF's generate counts no token of a given decoder_input_ids as generated
             forced=[0 if p else len(b or []) for b, p in zip(bases, prefix)],
             return_logprob=outputs.logprobs)
-    return DocumentJob(documents, fmt, pieces, batch, request, outputs, detected)
+    return DocumentJob(documents, fmt, pieces, batch, request, outputs, detected, plan)
 
 
 def _sources(tm: TokenizerManager, documents: list[str], fmt: str,

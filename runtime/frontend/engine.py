@@ -20,6 +20,7 @@ from seq2serve.runtime.frontend.generate_request import (
     results_per_prompt,
     split_rows,
 )
+from seq2serve.runtime.frontend.glossary import load_named, request_glossary
 from seq2serve.runtime.frontend.launch import RuntimeProcesses, launch_processes
 from seq2serve.runtime.frontend.prompts import chat_prompt
 from seq2serve.runtime.frontend.tokenizer_manager import TokenizerManager
@@ -60,6 +61,7 @@ class Seq2SeqEngine:
             raise ValueError("api_server_count is the HTTP server's (its HTTP processes); "
                              "the engine has none")
         self.translation_beams = default_num_beams(self.args.model_path)
+        self.glossaries = load_named(self.args.glossary)  # before the children start
         self._closed = self._closing = False
         self._pending: set[concurrent.futures.Future] = set()  # calls waiting (_call)
         self.procs: RuntimeProcesses = launch_processes(self.args)
@@ -225,7 +227,8 @@ class Seq2SeqEngine:
                   stream: bool = False, user: str | None = None,
                   beam_size: int | None = None, format: str = "text",
                   alternatives: int | None = None,
-                  target_prefix: str | list[str] | None = None, return_scores: bool = False):
+                  target_prefix: str | list[str] | None = None, return_scores: bool = False,
+                  glossary: dict[str, str] | str | None = None):
         """Translate `text` (one document or a list) into `target_lang` (one language, or one
         per document). Languages are ISO 639-1 codes ("de"), English names ("German") or the
         model's own codes ("deu_Latn"): a model whose tokenizer names its languages (NLLB,
@@ -255,16 +258,26 @@ class Seq2SeqEngine:
         each result gets "score" (a beam search's `beam_score`, HF's sequences_scores; else
         the sum of the generated tokens' log-probs; a document of several pieces: its pieces'
         summed), a stream each document's last chunk's meta_info "score". See
-        docs/translation.md."""
+        docs/translation.md.
+
+        `glossary` ({"source term": "target term"}, or the name of one given to the engine's
+        `glossary` option): where a source term occurs (case-insensitively, as a whole word),
+        its target term appears in that sentence's translation, exactly as given; a missing
+        one is placed where the model scores it best (docs/translation.md, "Glossaries"); a
+        result whose translation was changed so has meta_info "glossary_placed" (terms placed).
+        Not with stream, alternatives, target_prefix or return_scores."""
         sampling_params = with_beams(sampling_params, beam_size, self.translation_beams, stream)
         options = TranslationOptions(alternatives, target_prefix, return_scores)
         job = document_job(self.tokenizer_manager, self.args.model_path, text, format,
-                           source_lang, target_lang, sampling_params, stream, user, options)
+                           source_lang, target_lang, sampling_params, stream, user, options,
+                           request_glossary(glossary, self.glossaries))
         if stream:
             chunks = None if job.request is None else self.tokenizer_manager.generate(job.request)
             return self._sync_iter(job.stream(chunks))
-        outputs = [] if job.request is None else self._call(
-            _collect(self.tokenizer_manager.generate(job.request)))
+        tm = self.tokenizer_manager
+        outputs = [] if job.request is None else self._call(_collect(tm.generate(job.request)))
+        if job.glossary is not None:
+            outputs = self._call(job.enforce(outputs, lambda obj: _collect(tm.generate(obj))))
         results = job.results(outputs)
         return results if isinstance(text, list) else results[0]
 

@@ -33,6 +33,7 @@ from seq2serve.runtime.frontend.audio_serving import AudioServing
 from seq2serve.runtime.frontend.body_limit import BodySizeLimit
 from seq2serve.runtime.frontend.body_parsing import BodyParser, BodySizes, off_loop_route
 from seq2serve.runtime.frontend.embeddings_serving import embeddings
+from seq2serve.runtime.frontend.glossary import load_named
 from seq2serve.runtime.frontend.http_drain import DrainingServer
 from seq2serve.runtime.frontend.http_middleware import ADMIN_SCOPE, AuthAndCount
 from seq2serve.runtime.frontend.http_protocol import header_deadline_protocol
@@ -82,6 +83,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None,
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))
     serving = OpenAIServing(tm, model_name, args.model_path)
+    serving.glossaries = load_named(args.glossary)
     audio = AudioServing(serving)  # /v1/audio/*: speech models
     # large bodies are validated in these processes, forked now (before ZMQ and the loop)
     parser = BodyParser(BodySizes(max_entries=args.max_batch_inputs,
@@ -289,6 +291,7 @@ def _describe(exc: RequestValidationError) -> str:
 
 def run_server(args: ServerArgs) -> int:
     """Serve until Ctrl-C / SIGTERM (exit code 0) or until a child process dies (1)."""
+    load_named(args.glossary)  # a bad --glossary fails before the children start
     procs = launch_processes(args)
     try:
         if args.api_server_count > 1:

@@ -337,6 +337,9 @@ class TranslationRequest(_Body):
     alternatives: StrictInt | None = None
     target_prefix: StrictStr | list[StrictStr] | None = None
     return_scores: StrictBool = False
+    # {"source term": "target term", ...} or the name of a server glossary (--glossary);
+    # checked by glossary.py, whose errors name the field
+    glossary: Any = None
     # refused by name (see REFUSED)
     n: int | None = None
     num_return_sequences: int | None = None

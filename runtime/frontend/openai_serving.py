@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from seq2serve.runtime.frontend.document_translation import document_job
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+from seq2serve.runtime.frontend.glossary import Glossary, request_glossary
 from seq2serve.runtime.frontend.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -105,6 +106,7 @@ class OpenAIServing:
         self.model_name = model_name
         self.model_path = model_path
         self.translation_beams = default_num_beams(model_path)
+        self.glossaries: dict[str, Glossary] = {}  # --glossary, loaded by create_app
 
     # --- shared ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -442,11 +444,12 @@ class OpenAIServing:
         sp = with_beams(sp, body.beam_size, self.translation_beams, body.stream)
         options = TranslationOptions(body.alternatives, body.target_prefix, body.return_scores)
         try:
+            glossary = request_glossary(body.glossary, self.glossaries)
             # segments and tokenizes each document: off the event loop
             job = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: document_job(self.tm, self.model_path, body.input, body.format,
                                            body.source_lang, body.target_lang, sp,
-                                           body.stream, body.user, options))
+                                           body.stream, body.user, options, glossary))
         except ValueError as e:
             raise RequestError(str(e), param=_translation_param(str(e))) from None
         rid, created = f"trans-{uuid.uuid4().hex}", int(time.time())
@@ -471,6 +474,7 @@ class OpenAIServing:
 
             return sse_response(events())
         results = [] if job.request is None else await self.collect(job.request, request)
+        results = await job.enforce(results, lambda obj: self.collect(obj, request))
         return {"id": rid, "object": "translation", "created": created, "model": self.model_name,
                 "data": [_translation_data(i, r, body) for i, r in enumerate(job.results(results))],
                 "usage": self._usage(results, body.alternatives or 1)}
@@ -494,7 +498,7 @@ def _translation_param(message: str) -> str:
     """The field a translation's ValueError is about (its message starts with it: a whole
     word, so that "num_return_sequences ..." is not about "n")."""
     for name in ("source_lang", "target_lang", "format", "n", "num_return_sequences",
-                 "alternatives", "target_prefix", "return_scores"):
+                 "alternatives", "target_prefix", "return_scores", "glossary"):
         if re.match(rf"{name}\b", message):
             return name
     return "input"

@@ -102,7 +102,7 @@ def prefix_ids(tm: TokenizerManager, prefixes: list[str], lead: list[int],
             raise ValueError(f"{name} is {len(text)} characters: more than the decoder's room "
                              f"of {room} tokens can hold")
     distinct = [t for t in dict.fromkeys(prefixes) if t]
-    tokens = dict(zip(distinct, _target_ids(tm, distinct)))
+    tokens = dict(zip(distinct, target_ids(tm, distinct)))
     out = [tokens.get(text, []) for text in prefixes]
     for name, ids, before in zip(names, out, lead):
         if ids and before + len(ids) > room:
@@ -113,7 +113,8 @@ def prefix_ids(tm: TokenizerManager, prefixes: list[str], lead: list[int],
     return out
 
 
-def _target_ids(tm: TokenizerManager, texts: list[str]) -> list[list[int]]:
+def target_ids(tm: TokenizerManager, texts: list[str]) -> list[list[int]]:
+    """Each text's tokens as the tokenizer writes target text, without special tokens."""
     if tm.languages is not None:
         return tm.languages.target_ids_many(texts)
     return tm.tokenizer(texts, add_special_tokens=False).input_ids if texts else []
