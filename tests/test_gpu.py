@@ -314,3 +314,34 @@ def test_bart_family_matches_hf_with_graphs_in_float32(tmp_path, family):
         got.update(run_to_completion(sched))
         assert sched.worker.model_runner.graph_runner is not None
         assert got == expected, f"batched={batched}"
+
+
+@pytest.mark.parametrize("family", ["pegasus", "umt5"])
+def test_new_families_match_hf_with_graphs_in_float32(tmp_path, family):
+    """Pegasus and UMT5 (issue 44's families) on the GPU's default path (the Triton backend,
+    CUDA graphs): greedy and 4 beams give HF's tokens and scores, on their CPU tests' untied
+    shapes (hypotheses of different lengths; UMT5's every layer reading its own bias)."""
+    from seq2serve import Seq2SeqEngine
+    from seq2serve.tests.family_parity import check_generate
+    from seq2serve.tests.helpers import hf_model, make_t5
+
+    if family == "pegasus":
+        from seq2serve.runtime.tools.demo_checkpoint import write_pegasus_checkpoint
+        from seq2serve.tests.test_pegasus import SHAPES as PEGASUS
+
+        config, settings = PEGASUS["untied_gelu"]
+        path = str(write_pegasus_checkpoint(tmp_path / family, seed=1, **config))
+    else:
+        from seq2serve.tests.test_umt5 import SETTINGS, _raise_eos
+        from seq2serve.tests.test_umt5 import SHAPES as UMT5
+
+        path = str(make_t5(tmp_path / family, umt5=True, **UMT5["relu_untied"]))
+        settings, factor = SETTINGS["relu_untied"]
+        _raise_eos(path, factor)
+        hf_model(path).config.tie_word_embeddings = False  # (the checkpoint's reading)
+    tok = load_tokenizer(path)
+    sources = [tok(s).input_ids for s in SOURCES[:4]]
+    with Seq2SeqEngine(model_path=path, device="cuda", dtype="float32") as engine:
+        cases = [dict(settings), dict(settings, num_beams=4)]
+        lengths = check_generate(engine, path, sources, 10, 1, cases)
+    assert len(lengths) > 1, lengths
