@@ -18,6 +18,7 @@ from seq2serve.runtime.frontend.transcription import WhisperPrompt
 from seq2serve.tests.whisper_checkpoints import (
     clip,
     encoded,
+    hf_models,
     tiny_checkpoints,
 )
 
@@ -35,13 +36,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf(ckpt):
-    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
-
-    out = {}
-    for kind, path in ckpt.items():
-        model = WhisperForConditionalGeneration.from_pretrained(path).eval()
-        out[kind] = (model, WhisperFeatureExtractor(feature_size=model.config.num_mel_bins))
-    return out
+    return hf_models(ckpt)
 
 
 def hf_generate(hf, kind: str, samples: np.ndarray, **kwargs) -> torch.Tensor:

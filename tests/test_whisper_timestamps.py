@@ -15,7 +15,12 @@ from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.timestamp_rules import TimestampRows
 from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
-from seq2serve.tests.whisper_checkpoints import clip, write_whisper_checkpoint
+from seq2serve.tests.whisper_checkpoints import (
+    clip,
+    hf_models,
+    tiny_checkpoints,
+    write_whisper_checkpoint,
+)
 
 pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
@@ -26,22 +31,12 @@ KINDS = (("multilingual", "de"), ("english", None))
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("whisper-ts")
-    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5,
-                                                         timestamps=True)),
-            "english": str(write_whisper_checkpoint("english", root / "e", seed=1,
-                                                    timestamps=True))}
+    return tiny_checkpoints(tmp_path_factory.mktemp("whisper-ts"), timestamps=True)
 
 
 @pytest.fixture(scope="module")
 def hf(ckpt):
-    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
-
-    out = {}
-    for kind, path in ckpt.items():
-        model = WhisperForConditionalGeneration.from_pretrained(path).eval()
-        out[kind] = (model, WhisperFeatureExtractor(feature_size=model.config.num_mel_bins))
-    return out
+    return hf_models(ckpt)
 
 
 def hf_tokens(hf, kind: str, samples: np.ndarray, language: str | None,

@@ -113,11 +113,24 @@ def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0,
     return out
 
 
-def tiny_checkpoints(root: Path) -> dict[str, str]:
+def tiny_checkpoints(root: Path, timestamps: bool = False) -> dict[str, str]:
     """The two checkpoints the Whisper tests run on: a multilingual one and an English-only
-    one, by kind."""
-    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5)),
-            "english": str(write_whisper_checkpoint("english", root / "e", seed=1))}
+    one, by kind (`timestamps`: with the timestamp tokens)."""
+    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5,
+                                                         timestamps=timestamps)),
+            "english": str(write_whisper_checkpoint("english", root / "e", seed=1,
+                                                    timestamps=timestamps))}
+
+
+def hf_models(ckpt: dict[str, str]) -> dict:
+    """HF's model (eval) and feature extractor of each checkpoint, by kind."""
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    out = {}
+    for kind, path in ckpt.items():
+        model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+        out[kind] = (model, WhisperFeatureExtractor(feature_size=model.config.num_mel_bins))
+    return out
 
 
 def clip(seed: int, seconds: float = 20.0, rate: int = 16_000) -> np.ndarray:
