@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                         "sixth of the chunk)")
     t.add_argument("--json", action="store_true", help="print one JSON object per file")
     t.add_argument("--timestamps", action="store_true",
-                   help="decode with Whisper's timestamps: a line per segment (audio of one "
-                        "30 s window)")
+                   help="decode with Whisper's timestamps: a line per segment (long "
+                        "audio: the windows merged as HF's pipeline merges them)")
     t.add_argument("--format", default="text",
                    choices=["text", "json", "srt", "vtt", "verbose_json"],
                    help="the output, as /v1/audio/transcriptions' response_format (srt, vtt, "

@@ -14,7 +14,12 @@ import pytest
 import torch
 
 from seq2serve.tests.server_helpers import ServerProcess
-from seq2serve.tests.whisper_checkpoints import clip, encoded, write_whisper_checkpoint
+from seq2serve.tests.whisper_checkpoints import (
+    clip,
+    encoded,
+    long_clip,
+    write_whisper_checkpoint,
+)
 
 pytest.importorskip("soundfile")
 openai = pytest.importorskip("openai")
@@ -143,11 +148,9 @@ def test_translations_and_a_detected_language(ckpt, server):
     ({"response_format": "verbose_json", "timestamp_granularities[]": "line"},
      "timestamp_granularities[]", "is not one of segment, word"),
     ({"response_format": "srt", "stream": "true"}, "stream", "stream is not supported"),
-    ({"response_format": "vtt", "long": True}, "response_format", "at most one 30 s window"),
 ])
 def test_bad_values_are_named(server, fields, param, named):
-    samples = clip(1, seconds=45.0) if fields.pop("long", False) else clip(1)
-    files = {"file": ("a.wav", encoded(samples, 16_000, "WAV"))}
+    files = {"file": ("a.wav", encoded(clip(1), 16_000, "WAV"))}
     r = httpx.post(server.url + "/v1/audio/transcriptions", data={"language": "de", **fields},
                    files=files, timeout=60)
     assert r.status_code == 400, r.text
@@ -157,17 +160,74 @@ def test_bad_values_are_named(server, fields, param, named):
 
 def test_the_engine(ckpt):
     """`Seq2SeqEngine.transcribe(return_timestamps=True)` on the English-only model: HF's
-    tokens, text and segments; audio longer than one window is refused."""
+    tokens, text and segments."""
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     path, samples = ckpt["english"], clip(3)
     expected = hf_offsets(path, samples)
     with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
         got = engine.transcribe(encoded(samples, 16_000, "WAV"), return_timestamps=True)
-        with pytest.raises(ValueError, match="at most one 30 s window"):
-            engine.transcribe(clip(3, seconds=40.0), return_timestamps=True)
     assert got["text"] == expected["text"] and got["output_ids"] == expected["tokens"]
     assert_segments(got["segments"], expected)
+
+
+def hf_pipeline_chunks(path: str, samples, language: str | None = None,
+                       **generate_kwargs) -> dict:
+    """HF's ASR pipeline with timestamps on long audio: 30 s windows with 5 s strides, each
+    decoded with `return_timestamps=True` in one generate call (`force_unique_generate_call`,
+    as the server decodes a window: without it HF's generate decodes a window again from its
+    last whole segment, on zero-padded log-mel frames) with as many new tokens as the
+    decoder's positions leave (the server's default), greedy unless `num_beams` is given,
+    merged by `_decode_asr`: {"text", "chunks"}."""
+    from transformers import (
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizer,
+        pipeline,
+    )
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    pipe = pipeline("automatic-speech-recognition", model=model, device="cpu",
+                    tokenizer=WhisperTokenizer.from_pretrained(path),
+                    feature_extractor=WhisperFeatureExtractor(
+                        feature_size=model.config.num_mel_bins),
+                    chunk_length_s=30, stride_length_s=5, ignore_warning=True)
+    prompt_len = 1 if language is None else 3  # <|sot|> [lang task]
+    kwargs = {} if language is None else {"language": language, "task": "transcribe"}
+    return pipe(samples.copy(), return_timestamps=True, generate_kwargs={
+        "max_new_tokens": model.config.max_target_positions - prompt_len,
+        "force_unique_generate_call": True, "num_beams": 1,  # the pipeline's default is 5
+        **kwargs, **generate_kwargs})
+
+
+def pipeline_segments(out: dict, duration: float) -> list[tuple[float, float, str]]:
+    """HF's chunks as segments: an end None (no closing timestamp) at the audio's end, a
+    start None (no opening one) at the end of the segment before."""
+    segs, end = [], 0.0
+    for c in out["chunks"]:
+        a, b = c["timestamp"]
+        a = end if a is None else a
+        end = max(a, round(duration, 2)) if b is None else b
+        segs.append((a, end, c["text"]))
+    return segs
+
+
+@pytest.mark.parametrize("kind, language", [("multilingual", "de"), ("english", None)])
+def test_the_engine_on_long_audio_is_hfs_pipeline(ckpt, kind, language):
+    """95 s (five windows): every window decoded with timestamps and merged as HF's pipeline
+    with chunk_length_s=30, stride_length_s=5, return_timestamps=True merges them: its text,
+    and its chunks' times (None included, as `pipeline_times`) and texts as the segments."""
+    from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+
+    path, samples = ckpt[kind], long_clip()
+    expected = hf_pipeline_chunks(path, samples, language)
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
+        got = engine.transcribe(samples, language=language, return_timestamps=True)
+    assert len(expected["chunks"]) >= 3, expected
+    assert got["text"] == expected["text"] and got["meta_info"]["windows"] == 5
+    assert got["pipeline_times"] == [tuple(c["timestamp"]) for c in expected["chunks"]]
+    assert_close([(g["start"], g["end"], g["text"]) for g in got["segments"]],
+                 pipeline_segments(expected, got["duration"]))
 
 
 def test_the_command_line(ckpt, server, tmp_path):
@@ -186,3 +246,30 @@ def test_the_command_line(ckpt, server, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout == served.rstrip("\n") + "\n" and cues(served)
+
+
+def test_long_audio_through_the_endpoint(ckpt, server):
+    """95 s of OGG (five windows) as verbose_json and srt through the `openai` client: HF's
+    pipeline's text and chunks (one generate call a window) as the segments and cues; a
+    stream of srt stays a 400 naming stream."""
+    from seq2serve.encoders.audio_loader import AudioLimits, read_audio
+
+    path = ckpt["multilingual"]
+    ogg = encoded(long_clip(), 16_000, "OGG")
+    samples = read_audio(ogg, AudioLimits(max_seconds=600))
+    expected = hf_pipeline_chunks(path, samples, "de")
+    want = pipeline_segments(expected, samples.shape[0] / 16_000)
+    assert len(want) >= 3
+    api = client(server).audio.transcriptions
+    body = api.create(model=path, file=("long.ogg", ogg), language="de",
+                      response_format="verbose_json").model_dump()
+    assert body["text"] == expected["text"]
+    assert body["duration"] == pytest.approx(samples.shape[0] / 16_000, abs=1e-3)
+    assert_close([(s["start"], s["end"], s["text"]) for s in body["segments"]], want)
+    assert [s["id"] for s in body["segments"]] == list(range(len(want)))
+    srt = api.create(model=path, file=("long.ogg", ogg), language="de", response_format="srt")
+    assert_close(cues(srt), [(a, b, t.strip()) for a, b, t in want], abs_s=6e-4)
+    r = httpx.post(server.url + "/v1/audio/transcriptions", timeout=60,
+                   data={"language": "de", "response_format": "srt", "stream": "true"},
+                   files={"file": ("long.ogg", ogg)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text

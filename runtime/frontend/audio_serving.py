@@ -14,7 +14,8 @@ tokens before the forced ones). OpenAI fields this server does not implement yet
 `chunking_strategy`, word timestamps) are refused naming the field; other fields are ignored,
 as OpenAI-compatible servers do. Timestamps are decoded with Whisper's timestamp rules (HF's
 `generate(return_timestamps=True)` for one window) for audio of one 30 s window; longer
-audio asking for them is a 400 (not built yet), and so is a stream of them.
+audio's windows are each decoded with them and merged as HF's pipeline merges them with
+`return_timestamps=True` (`timed_merge.py`); a stream of them is a 400.
 
 Audio longer than 30 s (up to `--max-audio-seconds`) is cut into HF's pipeline's 30 s windows
 with 5 s strides (the extension fields `chunk_length_s`, at most 30, and `stride_length_s`
@@ -133,12 +134,6 @@ class AudioServing:
                 chunk_s, stride_s)
         except ValueError as e:
             raise RequestError(str(e), param="file") from None
-        if timestamps:
-            try:
-                job.check_timestamps()
-            except ValueError as e:
-                raise RequestError(f"response_format {fmt!r}: {e}",
-                                   param="response_format") from None
         detected_language = None
         if language is None and whisper.is_multilingual:  # HF's generate detects it
             obj, codes = detection_request(whisper, job.detection_audio, user)

@@ -163,7 +163,9 @@ class Seq2SeqEngine:
         (HF's name): decoded with Whisper's timestamp rules, as HF's
         `generate(return_timestamps=True)` for one window, and the result has "segments"
         (`timestamp_segments.Segment`: start, end in seconds, text, tokens; "text" without
-        the timestamps); audio of one 30 s window only (a ValueError for longer audio)."""
+        the timestamps); longer audio's windows are each decoded so and merged as HF's
+        pipeline merges them with `return_timestamps=True` (its text and its chunks as the
+        segments: `TranscriptionJob.long_timed`)."""
         from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -178,8 +180,6 @@ class Seq2SeqEngine:
             whisper.check_timestamps("return_timestamps")
         job = TranscriptionJob.of(audio, tm.audio_limits, tm.media_policy, chunk_length_s,
                                   stride_length_s)
-        if return_timestamps:
-            job.check_timestamps()
         scores = None
         if language is None and whisper.is_multilingual:
             obj, codes = detection_request(whisper, job.detection_audio)

@@ -3,10 +3,11 @@
 `verbose_json`, `srt` and `vtt`.
 
 `verbose_json` is OpenAI's shape: task, language, duration, text, segments and (as `json`)
-usage. Each segment has id, seek (0: one window), start, end, text, tokens (with the
-timestamps at its ends), temperature and compression_ratio (OpenAI's: the text's UTF-8 bytes
-over their zlib-compressed bytes); `avg_logprob` and `no_speech_prob` are left out (not
-computed: beam search returns no log-probs, and no-speech detection is not built).
+usage. Each segment has id, seek (0), start, end, text, tokens (one window's: with the
+timestamps at its ends; long audio's: its merged text tokens), temperature and
+compression_ratio (OpenAI's: the text's UTF-8 bytes over their zlib-compressed bytes);
+`avg_logprob` and `no_speech_prob` are left out (not computed: beam search returns no
+log-probs, and no-speech detection is not built).
 """
 
 from __future__ import annotations

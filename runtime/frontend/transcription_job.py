@@ -9,11 +9,11 @@ prompt (language, task, previous text), sent together so that the scheduler batc
 with each other and with other callers' requests, and their text tokens are merged as HF's
 pipeline merges them.
 
-With timestamps (`timed`) the answer has segments, as HF's `generate(return_timestamps=True)`
-gives them for one window decoded once (`force_unique_generate_call=True`:
-`timestamp_segments.py`). Only audio of one window gets them: long audio's windows merged
-with their timestamps (the pipeline's `_decode_asr` with `return_timestamps=True`) are not
-built, and `check_timestamps` refuses it.
+With timestamps (`timed`) the answer has segments: for one window as HF's
+`generate(return_timestamps=True)` gives them for one window decoded once
+(`force_unique_generate_call=True`: `timestamp_segments.py`); for long audio every window is
+decoded with timestamps and the windows are merged with them as HF's pipeline merges them
+with `return_timestamps=True` (`timed_merge.py`: its text and its `chunks`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.frontend.audio_chunks import (
     SAMPLING_RATE,
+    Window,
     chunking,
     merge_tokens,
     text_tokens,
     windows,
 )
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_rows
+from seq2serve.runtime.frontend.timed_merge import TimedWindow, merge_timed
 from seq2serve.runtime.frontend.timestamp_segments import segments, text_ids
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
 
@@ -41,6 +43,7 @@ from seq2serve.runtime.frontend.transcription import WhisperPrompt
 class TranscriptionJob:
     windows: list[np.ndarray]  # each window's 16 kHz samples, in order (one: <= 30 s)
     num_samples: int = 0  # the whole audio's
+    spans: tuple[Window, ...] = ()  # where each window lies (its samples and strides)
 
     @classmethod
     def of(cls, audio: Any, limits: AudioLimits, policy: MediaPolicy,
@@ -52,8 +55,8 @@ class TranscriptionJob:
         over a limit, a chunking that does not fit a window)."""
         chunk = chunking(chunk_length_s, stride_length_s)
         samples = read_audio(audio, limits, policy)
-        return cls([samples[w.start:w.end] for w in windows(samples.shape[0], *chunk)],
-                   samples.shape[0])
+        spans = tuple(windows(samples.shape[0], *chunk))
+        return cls([samples[w.start:w.end] for w in spans], samples.shape[0], spans)
 
     @property
     def is_long(self) -> bool:
@@ -63,13 +66,6 @@ class TranscriptionJob:
     def duration(self) -> float:
         """The audio's length in seconds."""
         return self.num_samples / SAMPLING_RATE
-
-    def check_timestamps(self) -> None:
-        """A ValueError for audio past one window: its timestamps are not built."""
-        if self.is_long:
-            raise ValueError(f"timestamps are built for audio of at most one 30 s window; "
-                             f"this audio is cut into {len(self.windows)} windows (long "
-                             f"audio's timestamps are not built yet: ask for text or json)")
 
     @property
     def detection_audio(self) -> np.ndarray:
@@ -116,8 +112,10 @@ class TranscriptionJob:
               whisper: WhisperPrompt) -> dict[str, Any]:
         """The answer of a request decoded with timestamps: its text without them, and its
         segments (`timestamp_segments.Segment`'s fields as a dict: start and end in seconds
-        from the audio's start, text, tokens) and the audio's duration in seconds."""
-        self.check_timestamps()
+        from the audio's start, text, tokens) and the audio's duration in seconds. Long
+        audio's are `long_timed`'s."""
+        if self.is_long:
+            return self.long_timed(results, tokenizer, whisper)
         [result] = results
         begin = whisper.no_timestamps_token_id + 1
         ids = result["output_ids"]
@@ -126,3 +124,29 @@ class TranscriptionJob:
                 "duration": self.duration,
                 "segments": [asdict(s) for s in segments(ids, begin, tokenizer.decode)]}
 
+
+    def long_timed(self, results: list[dict[str, Any]], tokenizer,
+                   whisper: WhisperPrompt) -> dict[str, Any]:
+        """Long audio's windows decoded with timestamps, merged as HF's pipeline merges them
+        with `return_timestamps=True`: its text, and its chunks as segments (start, end,
+        text, tokens: the segment's merged text tokens, no timestamps). Where HF's chunk
+        has no time (None) the segment takes one: no closing timestamp, the audio's end; no
+        opening one (text after a closed segment whose window's timestamps were set aside),
+        the end of the segment before it (0 for the first); "pipeline_times" keeps HF's
+        (start, end) pairs as they are. `output_ids` are the merged segments' tokens."""
+        answer = self.answer(results, tokenizer, whisper)  # the usage and finish reason
+        begin = whisper.no_timestamps_token_id + 1
+        timed = [TimedWindow(r["output_ids"], (w.end - w.start) / SAMPLING_RATE,
+                             w.stride_left / SAMPLING_RATE, w.stride_right / SAMPLING_RATE)
+                 for r, w in zip(results, self.spans, strict=True)]
+        text, chunks = merge_timed(timed, begin, set(tokenizer.all_special_ids),
+                                   tokenizer.decode)
+        segs, previous_end = [], 0.0
+        for c in chunks:
+            start = previous_end if c.start is None else c.start
+            previous_end = max(start, round(self.duration, 2)) if c.end is None else c.end
+            segs.append({"start": start, "end": previous_end, "text": c.text,
+                         "tokens": c.tokens})
+        return {**answer, "text": text, "output_ids": [t for c in chunks for t in c.tokens],
+                "duration": self.duration, "segments": segs,
+                "pipeline_times": [(c.start, c.end) for c in chunks]}
