@@ -18,7 +18,7 @@ from seq2serve.tests.whisper_checkpoints import (
     clip,
     encoded,
     long_clip,
-    write_whisper_checkpoint,
+    tiny_checkpoints,
 )
 
 pytest.importorskip("soundfile")
@@ -27,11 +27,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("whisper-ts-api")
-    return {"multilingual": str(write_whisper_checkpoint("multilingual", root / "m", seed=5,
-                                                         timestamps=True)),
-            "english": str(write_whisper_checkpoint("english", root / "e", seed=1,
-                                                    timestamps=True))}
+    return tiny_checkpoints(tmp_path_factory.mktemp("whisper-ts-api"), timestamps=True)
 
 
 @pytest.fixture(scope="module")
