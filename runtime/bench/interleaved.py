@@ -21,7 +21,11 @@ def offline_repeated(args, model_dir: str, load: dict, reqs, results: dict,
     if args.baseline and len(concurrencies) > 1:
         raise ValueError("--repeats with a baseline takes one --batch-sizes value (the "
                          "baselines run once per round, next to one engine)")
-    batch = args.hf_batch_size or max(concurrencies)
+    sizes = args.hf_batch_size or [max(concurrencies)]
+    if len(sizes) > 1:
+        raise ValueError("--repeats takes one --hf-batch-size (run the sizes without --repeats "
+                         "to find the baseline's best, then repeat at it)")
+    batch = sizes[0]
     baselines = _baselines(args, model_dir, reqs, batch)
     for c in concurrencies:
         with open_engine(model_dir, load, args, c) as engine:
