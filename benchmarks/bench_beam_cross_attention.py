@@ -38,8 +38,9 @@ if "--cpu-smoke" in sys.argv:  # Triton reads this on import
 import torch  # noqa: E402
 
 from seq2serve.cross_attention.triton_beam_cross_attention import (  # noqa: E402
-    beam_cross_attention_decode,
+    beam_cross_attention_rows,
     beam_tile,
+    per_row,
 )
 from seq2serve.runtime.kernels.triton_decode import (  # noqa: E402
     num_kv_splits,
@@ -86,6 +87,8 @@ class InputSet:
     group_starts: torch.Tensor
     beam_rows: torch.Tensor
     kv_ends: torch.Tensor
+    req_rows: torch.Tensor  # the beam kernel's per-row description (as a decode batch's)
+    group_lens: torch.Tensor
 
 
 def build(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> InputSet:
@@ -106,13 +109,16 @@ def build(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> InputSet:
     def dev(x: torch.Tensor) -> torch.Tensor:
         return x.to(device=device, dtype=torch.int32)
 
+    group_rows = dev(row_of[:, 0])
+    group_starts = dev(torch.arange(0, shape.rows + 1, shape.beams))
+    req_rows, group_lens = per_row(group_rows, group_starts, shape.rows)
     return InputSet(
         q=torch.randn(shape.rows, shape.num_heads, shape.head_dim, generator=gen).to(device,
                                                                                      dtype),
-        k_buf=k_buf, v_buf=v_buf, table=dev(table), group_rows=dev(row_of[:, 0]),
-        group_starts=dev(torch.arange(0, shape.rows + 1, shape.beams)),
-        beam_rows=dev(row_of.flatten()),
-        kv_ends=dev(torch.full((shape.rows,), shape.encoder_len)))
+        k_buf=k_buf, v_buf=v_buf, table=dev(table), group_rows=group_rows,
+        group_starts=group_starts, beam_rows=dev(row_of.flatten()),
+        kv_ends=dev(torch.full((shape.rows,), shape.encoder_len)), req_rows=req_rows,
+        group_lens=group_lens)
 
 
 def reference(s: InputSet, shape: Shape, scaling: float) -> torch.Tensor:
@@ -175,18 +181,18 @@ def run_shape(shape: Shape, dtype: torch.dtype, device: str, num_sms: int,
         return paged_decode_attention(s.q, s.k_buf, s.v_buf, s.table, s.beam_rows, s.kv_ends,
                                       row_splits, scaling)
 
+    block_m, m_tiles = beam_tile(shape.beams, shape.num_heads // shape.num_kv_heads)
+
     def beam_path(s: InputSet, block_n: int, warps: int) -> torch.Tensor:
-        return beam_cross_attention_decode(s.q, s.k_buf, s.v_buf, s.table, s.group_rows,
-                                           s.group_starts, s.kv_ends, scaling, None,
-                                           beam_splits, shape.beams, block_n=block_n,
-                                           num_warps=warps)
+        return beam_cross_attention_rows(s.q, s.k_buf, s.v_buf, s.table, s.req_rows,
+                                         s.group_lens, s.kv_ends, scaling, None, beam_splits,
+                                         m_tiles, block_n=block_n, num_warps=warps)
 
     expected = reference(sets[0], shape, scaling)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     today = rows_path(sets[0])
     row_err = (today.float() - expected).abs().max().item()
     today_us = time_us([lambda s=s: rows_path(s) for s in sets], device)
-    block_m, m_tiles = beam_tile(shape.beams, shape.num_heads // shape.num_kv_heads)
     results = []
     for block_n, warps in configs:
         out = beam_path(sets[0], block_n, warps)

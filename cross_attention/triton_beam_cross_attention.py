@@ -1,19 +1,26 @@
 """Decode cross-attention for beam groups: the beams of one request share its cross K/V (their
 req_to_cross rows point at the same slots), so one program reads a key block once and uses it
 for every beam's queries of every query head on that KV head, instead of one program per beam
-row reading the same block again (`triton_decode.paged_decode_attention`, today's path).
+row reading the same block again (`triton_decode.paged_decode_attention`).
 
-Tile: the M = beams x GROUP (GROUP = H // KVH) query rows of a (group, KV head) as one
-[BLOCK_M, D] operand of `tl.dot` (BLOCK_M a power of two >= 16, the rest masked; groups past
-MAX_BLOCK_M rows take several tiles), against [BLOCK_N, D] key and value blocks. Grid: (group,
-KV head x M tile, split). Cross-attention bytes per step are then those of the requests:
-groups x keys x KVH x D x 2 (K and V) x itemsize, 1 / beams of what the rows ask for today.
+Rows are described per row, as the scheduler lays a batch out (a group's rows contiguous):
+`group_lens[t]` is the number of rows of the group whose first row is t, 0 for the other rows
+of a group (a request without beams is a group of one), and `req_rows[t]` its table row. One
+program per (first row, KV head, M tile, split); programs of rows that start no group return
+at once. That shape is what a CUDA graph can hold: the grid depends on the batch size only,
+and groups of any size run through the M-tile loop.
+
+Tile: the beams x GROUP (GROUP = H // KVH) query rows of a (group, KV head) as [BLOCK_M, D]
+operands of `tl.dot` (BLOCK_M a power of two >= 16 and >= GROUP; a larger group takes several
+tiles, over M_TILES programs and then a loop), against [BLOCK_N, D] key and value blocks.
+Cross-attention bytes per step are then those of the requests: groups x keys x KVH x D x 2
+(K and V) x itemsize, 1 / beams of what one program per row reads.
 
 Split-KV as in `triton_decode`: a tile with more keys than MIN_SPLIT_KEYS uses several
 programs over the keys, each writes a partial (output and log-sum-exp) and the last one to
-finish, elected by an atomic counter it resets, merges them in the same kernel.
-
-Not wired into the backend yet: `TritonBackend.forward_cross` still runs one program per row.
+finish, elected by an atomic counter it resets, merges them in the same kernel. The counter of
+tile j of the group starting at row t is that of row t + j (a group has at least as many rows
+as tiles, since BLOCK_M >= GROUP).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ MAX_BLOCK_M = 64
 
 @triton.jit
 def _beam_cross_kernel(
-    q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, group_rows, group_starts,
+    q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, req_rows, group_lens,
     kv_starts, kv_ends, scaling, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs,
     stride_vh, stride_ot, stride_pt,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
@@ -50,125 +57,122 @@ def _beam_cross_kernel(
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    g = tl.program_id(0)
+    first = tl.program_id(0)  # the group's first row (a program of any other row: no tiles)
     kv_head = tl.program_id(1) // M_TILES
-    m_tile = tl.program_id(1) % M_TILES
     split = tl.program_id(2)
-    first = tl.load(group_starts + g)
-    num_rows = (tl.load(group_starts + g + 1) - first) * GROUP  # the group's query rows here
-    # tile row i: beam i // GROUP of the group, query head kv_head * GROUP + i % GROUP
-    i = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    i_ok = i < num_rows
-    rows = (first + i // GROUP).to(tl.int64)
-    heads = kv_head * GROUP + i % GROUP
-    ends = tl.load(kv_ends + rows, mask=i_ok, other=0)
-    if HAS_KV_START:
-        starts = tl.load(kv_starts + rows, mask=i_ok, other=0)
-    else:
-        starts = tl.zeros([BLOCK_M], tl.int32)
-    # keys the tile reads: the union of its rows' windows (the beams of a group share theirs,
-    # but a row keeps its own window as in paged_decode_attention); rows with none add nothing
-    seen = i_ok & (ends > starts)
-    lo = tl.min(tl.where(seen, starts, 2147483647), 0)
-    hi = tl.max(tl.where(seen, ends, 0), 0)
-    lo = tl.minimum(lo, hi)
-    kv_len = hi - lo
-    splits = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NUM_SPLITS)
-    if (m_tile * BLOCK_M < num_rows) & (split < splits):
-        table_row = tl.load(group_rows + g).to(tl.int64)
-        chunk = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
-        start = lo + split * chunk
-        end = tl.minimum(start + chunk, hi)
-
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_DIM
-        q_mask = i_ok[:, None] & d_ok[None, :]
-        q_tile = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                         mask=q_mask, other=0.0)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < end
-            slot = tl.load(page_table + table_row * stride_pt + n, mask=n_ok,
-                           other=0).to(tl.int64)
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
-                        mask=kv_mask, other=0.0)
-            scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
-            visible = (n[None, :] >= starts[:, None]) & (n[None, :] < ends[:, None])
-            scores = tl.where(visible & n_ok[None, :], scores, float("-inf"))
-            v = tl.load(v_buf + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
-                        mask=kv_mask, other=0.0)
-            m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, DOT_PRECISION)
-        o, lse = softmax_finish(m_i, l_i, acc)
-        out_ptrs = out + rows[:, None] * stride_ot + heads[:, None] * HEAD_DIM + d[None, :]
-        if splits == 1:
-            tl.store(out_ptrs, o.to(out.dtype.element_ty), mask=q_mask)
+    num_rows = tl.load(group_lens + first) * GROUP  # the group's query rows on this KV head
+    table_row = tl.load(req_rows + first).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    for m_tile in range(tl.program_id(1) % M_TILES, tl.cdiv(num_rows, BLOCK_M), M_TILES):
+        # tile row i: beam i // GROUP of the group, query head kv_head * GROUP + i % GROUP
+        i = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        i_ok = i < num_rows
+        rows = (first + i // GROUP).to(tl.int64)
+        heads = kv_head * GROUP + i % GROUP
+        ends = tl.load(kv_ends + rows, mask=i_ok, other=0)
+        if HAS_KV_START:
+            starts = tl.load(kv_starts + rows, mask=i_ok, other=0)
         else:
-            base = (rows * NUM_HEADS + heads) * NUM_SPLITS  # each row's partials
-            tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o,
-                     mask=q_mask)
-            tl.store(part_lse + base + split, lse, mask=i_ok)
-            tl.debug_barrier()  # every thread's partial is written before the count goes up
-            counter = counters + (g * NUM_KV_HEADS + kv_head) * M_TILES + m_tile
-            if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:  # the last split
-                tl.atomic_xchg(counter, 0)  # ready for the next call
-                m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                for s in range(0, splits):
-                    m = tl.maximum(m, tl.load(part_lse + base + s, mask=i_ok,
-                                              other=float("-inf"), cache_modifier=".cg"))
-                m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights all 0
-                total = tl.zeros([BLOCK_M], tl.float32)
-                merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-                for s in range(0, splits):
-                    weight = tl.exp(tl.load(part_lse + base + s, mask=i_ok,
-                                            other=float("-inf"), cache_modifier=".cg") - m)
-                    o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                                  mask=q_mask, other=0.0, cache_modifier=".cg")
-                    total += weight
-                    merged += weight[:, None] * o_s
-                merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
-                tl.store(out_ptrs, merged.to(out.dtype.element_ty), mask=q_mask)
+            starts = tl.zeros([BLOCK_M], tl.int32)
+        # keys the tile reads: the union of its rows' windows (the beams of a group share
+        # theirs, but a row keeps its own window as in paged_decode_attention); rows with none
+        # add nothing
+        seen = i_ok & (ends > starts)
+        lo = tl.min(tl.where(seen, starts, 2147483647), 0)
+        hi = tl.max(tl.where(seen, ends, 0), 0)
+        lo = tl.minimum(lo, hi)
+        kv_len = hi - lo
+        splits = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NUM_SPLITS)
+        if split < splits:
+            chunk = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
+            start = lo + split * chunk
+            end = tl.minimum(start + chunk, hi)
+            q_mask = i_ok[:, None] & d_ok[None, :]
+            q_tile = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh
+                             + d[None, :], mask=q_mask, other=0.0)
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                n = n0 + tl.arange(0, BLOCK_N)
+                n_ok = n < end
+                slot = tl.load(page_table + table_row * stride_pt + n, mask=n_ok,
+                               other=0).to(tl.int64)
+                kv_mask = n_ok[:, None] & d_ok[None, :]
+                k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh
+                            + d[None, :], mask=kv_mask, other=0.0)
+                scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
+                visible = (n[None, :] >= starts[:, None]) & (n[None, :] < ends[:, None])
+                scores = tl.where(visible & n_ok[None, :], scores, float("-inf"))
+                v = tl.load(v_buf + slot[:, None] * stride_vs + kv_head * stride_vh
+                            + d[None, :], mask=kv_mask, other=0.0)
+                m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, DOT_PRECISION)
+            o, lse = softmax_finish(m_i, l_i, acc)
+            out_ptrs = out + rows[:, None] * stride_ot + heads[:, None] * HEAD_DIM + d[None, :]
+            if splits == 1:
+                tl.store(out_ptrs, o.to(out.dtype.element_ty), mask=q_mask)
+            else:
+                base = (rows * NUM_HEADS + heads) * NUM_SPLITS  # each row's partials
+                tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o,
+                         mask=q_mask)
+                tl.store(part_lse + base + split, lse, mask=i_ok)
+                tl.debug_barrier()  # every thread's partial is written before the count goes up
+                counter = counters + (first + m_tile) * NUM_KV_HEADS + kv_head
+                if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:  # the last split
+                    tl.atomic_xchg(counter, 0)  # ready for the next call
+                    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                    for s in range(0, splits):
+                        m = tl.maximum(m, tl.load(part_lse + base + s, mask=i_ok,
+                                                  other=float("-inf"), cache_modifier=".cg"))
+                    m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights 0
+                    total = tl.zeros([BLOCK_M], tl.float32)
+                    merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+                    for s in range(0, splits):
+                        weight = tl.exp(tl.load(part_lse + base + s, mask=i_ok,
+                                                other=float("-inf"), cache_modifier=".cg") - m)
+                        o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                                      mask=q_mask, other=0.0, cache_modifier=".cg")
+                        total += weight
+                        merged += weight[:, None] * o_s
+                    merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+                    tl.store(out_ptrs, merged.to(out.dtype.element_ty), mask=q_mask)
 
 
 def beam_tile(max_beams: int, group: int) -> tuple[int, int]:
-    """(BLOCK_M, tiles per (group, KV head)) for groups of up to max_beams beams."""
-    rows = max(1, max_beams) * group
-    block_m = max(16, min(MAX_BLOCK_M, triton.next_power_of_2(rows)))
-    return block_m, triton.cdiv(rows, block_m)
+    """(BLOCK_M, tiles per (group, KV head)) for groups of up to max_beams beams: the
+    smallest tile that holds one beam's GROUP query heads (and at least 16 rows, the tensor
+    cores' least), so that a group of one wastes no more than `paged_decode_attention`'s."""
+    block_m = max(16, min(MAX_BLOCK_M, triton.next_power_of_2(group)))
+    return block_m, triton.cdiv(max(1, max_beams) * group, block_m)
 
 
-def beam_cross_attention_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                                req_to_cross: torch.Tensor, group_rows: torch.Tensor,
-                                group_starts: torch.Tensor, kv_ends: torch.Tensor,
-                                scaling: float, kv_starts: torch.Tensor | None = None,
-                                num_splits: int = 1, max_beams: int | None = None, *,
-                                block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
-    """Cross-attention of one query per beam row, K/V read once per beam group -> [rows, H * D]
-    in q's dtype.
+def beam_cross_attention_rows(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                              req_to_cross: torch.Tensor, req_rows: torch.Tensor,
+                              group_lens: torch.Tensor, kv_ends: torch.Tensor, scaling: float,
+                              kv_starts: torch.Tensor | None = None, num_splits: int = 1,
+                              m_tiles: int = 1, *, block_n: int = BLOCK_N,
+                              num_warps: int = 4) -> torch.Tensor:
+    """Cross-attention of one query per row, each beam group's K/V read once -> [rows, H * D]
+    in q's dtype; the batch described per row (as a decode batch's inputs are, and as a CUDA
+    graph can hold them).
 
-    q: [rows, H, D], the rows of group g contiguous: q[group_starts[g]:group_starts[g + 1]]
-    (group_starts: [G + 1] int32, group_starts[G] == rows). Group g's keys are at slots
-    req_to_cross[group_rows[g], j] of k_buf/v_buf ([slots, KVH, D]); row t reads keys j in
-    [kv_starts[t] (default 0), kv_ends[t]) -- per row, as `paged_decode_attention` takes them
-    (Mllama's image ranges); a row that sees no key gets zeros. num_splits: the most programs
-    a tile's keys are split over (`triton_decode.num_kv_splits` with the number of groups).
-    max_beams: the largest group (rows), read from group_starts when not given (a device
-    sync: pass it from the host lengths). block_n, num_warps: for tuning on a GPU.
+    q: [rows, H, D]. group_lens: [rows] int, the rows of the group starting at row t (its
+    rows t .. t + group_lens[t] - 1), 0 for rows inside a group. req_rows: [rows], the
+    req_to_cross row of each (a group's first row's is read). Row t reads keys j in
+    [kv_starts[t] (default 0), kv_ends[t]) at slots req_to_cross[req_rows[first], j] of
+    k_buf/v_buf ([slots, KVH, D]); a row that sees no key gets zeros. num_splits: the most
+    programs a tile's keys are split over (`triton_decode.num_kv_splits`). m_tiles: programs
+    per (group, KV head) along the query rows (`beam_tile` for the largest group; any group
+    is computed whole whatever it is: more tiles loop). block_n, num_warps: for tuning.
     """
     rows, num_heads, head_dim = q.shape
-    num_groups = group_rows.shape[0]
     num_kv_heads = k_buf.shape[1]
-    assert group_starts.shape[0] == num_groups + 1, "group_starts needs one entry past the last"
     out = torch.empty(rows, num_heads * head_dim, dtype=q.dtype, device=q.device)
-    if num_groups == 0 or rows == 0:
+    if rows == 0:
         return out
-    if max_beams is None:
-        max_beams = int((group_starts[1:] - group_starts[:-1]).max())
     group = num_heads // num_kv_heads
-    block_m, m_tiles = beam_tile(max_beams, group)
+    block_m, _ = beam_tile(1, group)
     if num_splits > 1:
         part_out = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=q.device)
@@ -177,10 +181,10 @@ def beam_cross_attention_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
     else:
         part_out = part_lse = out  # unused: one split writes the output itself
     # int32 even when unused: the merge branch is compiled regardless (atomics take no bf16)
-    counters = _split_counters(q.device, num_groups * num_kv_heads * m_tiles)
-    _beam_cross_kernel[(num_groups, num_kv_heads * m_tiles, num_splits)](
-        q, k_buf, v_buf, out, part_out, part_lse, counters, req_to_cross, group_rows,
-        group_starts, kv_starts if kv_starts is not None else kv_ends, kv_ends, scaling,
+    counters = _split_counters(q.device, rows * num_kv_heads)
+    _beam_cross_kernel[(rows, num_kv_heads * m_tiles, num_splits)](
+        q, k_buf, v_buf, out, part_out, part_lse, counters, req_to_cross, req_rows,
+        group_lens, kv_starts if kv_starts is not None else kv_ends, kv_ends, scaling,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0),
         v_buf.stride(1), out.stride(0), req_to_cross.stride(0),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
@@ -191,3 +195,38 @@ def beam_cross_attention_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
     )
     return out
 
+
+def per_row(group_rows: torch.Tensor, group_starts: torch.Tensor,
+            rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(req_rows, group_lens) of `beam_cross_attention_rows` from a group-wise description:
+    group g's rows are group_starts[g]:group_starts[g + 1], its table row group_rows[g]."""
+    firsts = group_starts[:-1].long()
+    req_rows = torch.zeros(rows, dtype=torch.int32, device=group_rows.device)
+    group_lens = torch.zeros(rows, dtype=torch.int32, device=group_rows.device)
+    req_rows[firsts] = group_rows.to(torch.int32)
+    group_lens[firsts] = (group_starts[1:] - group_starts[:-1]).to(torch.int32)
+    return req_rows, group_lens
+
+
+def beam_cross_attention_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                                req_to_cross: torch.Tensor, group_rows: torch.Tensor,
+                                group_starts: torch.Tensor, kv_ends: torch.Tensor,
+                                scaling: float, kv_starts: torch.Tensor | None = None,
+                                num_splits: int = 1, max_beams: int | None = None, *,
+                                block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
+    """`beam_cross_attention_rows` for groups described group-wise: q's rows of group g are
+    q[group_starts[g]:group_starts[g + 1]] (group_starts: [G + 1], group_starts[G] == rows),
+    its keys at slots req_to_cross[group_rows[g], :]. max_beams: the largest group, read from
+    group_starts when not given (a device sync: pass it from the host lengths)."""
+    assert group_starts.shape[0] == group_rows.shape[0] + 1, \
+        "group_starts needs one entry past the last"
+    rows, num_heads, _ = q.shape
+    if group_rows.shape[0] == 0 or rows == 0:
+        return torch.empty(rows, num_heads * q.shape[2], dtype=q.dtype, device=q.device)
+    if max_beams is None:
+        max_beams = int((group_starts[1:] - group_starts[:-1]).max())
+    req_rows, group_lens = per_row(group_rows, group_starts, rows)
+    _, m_tiles = beam_tile(max_beams, num_heads // k_buf.shape[1])
+    return beam_cross_attention_rows(q, k_buf, v_buf, req_to_cross, req_rows, group_lens,
+                                     kv_ends, scaling, kv_starts, num_splits, m_tiles,
+                                     block_n=block_n, num_warps=num_warps)

@@ -16,7 +16,9 @@ import torch
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.cross_attention.triton_beam_cross_attention import (
     beam_cross_attention_decode,
+    beam_cross_attention_rows,
     beam_tile,
+    per_row,
 )
 from seq2serve.runtime.kernels.triton_decode import _split_counters, paged_decode_attention
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
@@ -216,9 +218,34 @@ def test_no_groups():
 
 
 def test_tiles():
-    """One tile holds a group's beams x query heads, padded to >= 16; past 64 rows, more."""
+    """A tile holds one beam's query heads at least, padded to >= 16 rows; a larger group
+    takes several tiles."""
     assert beam_tile(1, 1) == (16, 1)  # greedy MHA: one row of a 16-row tile
     assert beam_tile(4, 1) == (16, 1)
-    assert beam_tile(5, 4) == (32, 1)
-    assert beam_tile(8, 8) == (64, 1)
-    assert beam_tile(8, 16) == (64, 2)
+    assert beam_tile(5, 4) == (16, 2)
+    assert beam_tile(8, 8) == (16, 4)
+    assert beam_tile(8, 16) == (16, 8)
+    assert beam_tile(2, 128) == (64, 4)
+
+
+@pytest.mark.parametrize("m_tiles", [1, 2])
+def test_tiles_loop_when_the_grid_has_fewer(poisoned_empty, m_tiles):
+    """A CUDA graph's grid is fixed at capture: with fewer M-tile programs than a group has
+    tiles, each program loops over its share, and the result is the same."""
+    c = _groups([8, 1, 3], [40, 140, 7], (16, 1, 16), windows="row")
+    req_rows, group_lens = per_row(c.group_rows, c.group_starts, c.q.shape[0])
+    out = beam_cross_attention_rows(c.q, c.k_buf, c.v_buf, c.table, req_rows, group_lens,
+                                    c.kv_ends, 0.25, c.kv_starts, 2, m_tiles)
+    _check(out, _reference(c, 0.25), **_F32)
+
+
+def test_rows_inside_a_group_start_nothing(poisoned_empty):
+    """Only a group's first row's table row and length are read: the other rows' entries
+    (as a decode batch holds them: their own table rows) change nothing."""
+    c = _groups([3, 2], [50, 90], (4, 4, 16))
+    req_rows, group_lens = per_row(c.group_rows, c.group_starts, c.q.shape[0])
+    inside = group_lens == 0
+    req_rows[inside] = c.beam_rows[inside]  # their own copies of the group's slots
+    out = beam_cross_attention_rows(c.q, c.k_buf, c.v_buf, c.table, req_rows, group_lens,
+                                    c.kv_ends, 1.0)
+    _check(out, _reference(c, 1.0), **_F32)

@@ -102,9 +102,10 @@ def _decode_tour(dtype: torch.dtype) -> None:
 
 
 def _beam_cross_tour(dtype: torch.dtype) -> None:
-    """The beam-group decode cross-attention kernel (not wired in yet): mT5's 16 heads x 64 in
-    4-beam groups (a 16-row tile), and 8 beams x GQA 8 at head size 128 (the largest tile,
-    64 x 128), one split and several, with and without per-row key starts."""
+    """The beam-group decode cross-attention kernel (the Triton backend's decode
+    cross-attention with beam groups, and in every CUDA graph of an encoder-decoder model):
+    mT5's 16 heads x 64 in 4-beam groups (a 16-row tile), and 8 beams x GQA 8 at head size 128
+    (tiles of 16 x 128), one split and several, with and without per-row key starts."""
     from seq2serve.cross_attention.triton_beam_cross_attention import (
         beam_cross_attention_decode,
     )

@@ -58,6 +58,9 @@ class DecoderInputs:
     seq_lens: Any = request_input(torch.int32, pad=1)  # decoder length after this forward
     extend_lens: Any = request_input(torch.int32, pad=1)  # query tokens of each request
     encoder_lens: Any = request_input(torch.int32)  # cross K/V length of each request
+    # rows of the beam group this row starts, 0 for a group's other rows (a row without
+    # beams: 1); the rows of a group are contiguous and read one cross K/V, once
+    cross_group_lens: Any = request_input(torch.int32, pad=1)
 
     @property
     def batch_size(self) -> int:

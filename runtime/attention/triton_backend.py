@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
+from seq2serve.cross_attention.triton_beam_cross_attention import (
+    beam_cross_attention_rows,
+    beam_tile,
+)
 from seq2serve.cross_attention.triton_cross_attention import cross_attention_extend
 from seq2serve.runtime.attention.base import AttentionBackend, AttentionLayer, PositionBias
 from seq2serve.runtime.attention.forward_batch import (
@@ -38,6 +42,9 @@ class _Metadata:
     cross_splits: int
     cross_kv_start: torch.Tensor | None  # decode: first cross key of each request, if ranged
     cross_kv_end: torch.Tensor | None  # decode: end of each request's cross keys
+    # decode over beam groups (fb.cross_group_lens, each group's K/V read once): the largest
+    # group the grid is planned for (a larger one loops); 0: `paged_decode_attention` serves
+    cross_beams: int = 0
 
 
 def packed_int32(parts: list[list[int]], device) -> list[torch.Tensor]:
@@ -81,15 +88,25 @@ class TritonBackend(AttentionBackend):
                                                 max(fb.host.encoder_lens, default=0),
                                                 self.num_sms)
             # one query per request: its key range is the request's
+            groups = fb.host.cross_group_lens
+            beams = max(groups, default=1) if groups is not None else 1
+            if beams > 1 and fb.cross_kv_pool is not None:  # a group reads its K/V once
+                md.cross_beams = beams
+                md.cross_splits = num_kv_splits(sum(1 for g in groups if g),
+                                                fb.cross_kv_pool.num_kv_heads,
+                                                max(fb.host.encoder_lens, default=0),
+                                                self.num_sms)
             md.cross_kv_start = fb.cross_kv_start
             md.cross_kv_end = (fb.encoder_lens if fb.cross_kv_end is None
                                else torch.minimum(fb.encoder_lens, fb.cross_kv_end))
         fb.attn_metadata = md
 
-    def init_graph_metadata(self, fb: ForwardBatch, self_splits: int,
-                            cross_splits: int) -> None:
+    def init_graph_metadata(self, fb: ForwardBatch, self_splits: int, cross_splits: int,
+                            beams: bool = False) -> None:
         """Decode metadata made only of views of `fb`'s (static) device tensors, so that a
-        captured CUDA graph reads each replay's values: no host lists, no copies."""
+        captured CUDA graph reads each replay's values: no host lists, no copies. `beams`:
+        the graph's cross-attention reads each beam group's K/V once (any group size; the
+        batch's groups are a graph input)."""
         cross_end = fb.encoder_lens
         if fb.cross_kv_end is not None:
             cross_end = torch.minimum(fb.encoder_lens, fb.cross_kv_end)
@@ -97,7 +114,8 @@ class TritonBackend(AttentionBackend):
             q_starts=fb.positions.new_empty(0), req_rows=fb.req_pool_indices,
             block_req=fb.positions.new_empty(0), block_start=fb.positions.new_empty(0),
             decode=True, self_splits=self_splits, cross_splits=cross_splits,
-            cross_kv_start=fb.cross_kv_start, cross_kv_end=cross_end)
+            cross_kv_start=fb.cross_kv_start, cross_kv_end=cross_end,
+            cross_beams=1 if beams else 0)
 
     def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
                      position_bias: PositionBias | None) -> torch.Tensor:
@@ -119,6 +137,12 @@ class TritonBackend(AttentionBackend):
         k_buf = fb.cross_kv_pool.k_buffers[layer.layer_id]
         v_buf = fb.cross_kv_pool.v_buffers[layer.layer_id]
         req_to_cross = fb.req_to_token_pool.req_to_cross
+        if md.decode and md.cross_beams:
+            m_tiles = beam_tile(md.cross_beams, q.shape[1] // k_buf.shape[1])[1]
+            return beam_cross_attention_rows(q, k_buf, v_buf, req_to_cross, md.req_rows,
+                                             fb.cross_group_lens, md.cross_kv_end,
+                                             layer.scaling, md.cross_kv_start,
+                                             md.cross_splits, m_tiles)
         if md.decode:
             return paged_decode_attention(q, k_buf, v_buf, req_to_cross, md.req_rows,
                                           md.cross_kv_end, md.cross_splits, layer.scaling,

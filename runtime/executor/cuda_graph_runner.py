@@ -43,6 +43,8 @@ class CudaGraphRunner:
         self.max_bs = max_bs
         # the optional inputs the model reads (Mllama: each token's cross key range)
         self.optional = runner.model_optional_inputs
+        # cross-attention reads each beam group's K/V once (groups of one: greedy rows too)
+        self.beam_groups = runner.cross_kv_pool is not None
         # the static input: one row per DecoderInputs field, uploaded with one copy
         self.fields = input_fields()
         self.row = {f.name: i for i, f in enumerate(self.fields)}
@@ -98,7 +100,8 @@ class CudaGraphRunner:
     def _body(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.runner
         # inside the capture: the metadata's own device ops (key-range clamps) replay too
-        r.attn_backend.init_graph_metadata(fb, *self.splits[fb.batch_size])
+        r.attn_backend.init_graph_metadata(fb, *self.splits[fb.batch_size],
+                                           beams=self.beam_groups)
         r.req_to_token_pool.req_to_token[fb.req_pool_indices, fb.positions] = \
             fb.out_cache_loc.int()
         hidden = r.model(fb.input_ids, fb.positions, fb)
@@ -142,6 +145,8 @@ class CudaGraphRunner:
             value = getattr(wb.inputs, name)
             if value is not None:
                 self.host[i, :bs] = torch.as_tensor(value)
+            else:  # (not the last batch's values)
+                self.host[i, :bs] = self.pad[name]
         self._fill_padding(bs, bucket)
         if started is not None:
             started.record()

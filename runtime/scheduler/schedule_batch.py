@@ -86,6 +86,7 @@ class ScheduleBatch:
             seq_lens=[end for _, end in new],
             extend_lens=extend_lens,
             encoder_lens=[r.encoder_len for r in reqs],
+            cross_group_lens=[1] * len(reqs),
         ), sampling)
         if rows:
             wb.input_logprobs = InputLogprobRows(torch.tensor(rows, dtype=torch.int64),
@@ -98,11 +99,13 @@ def decode_batch(reqs: list[Req], memory: RequestMemory,
                  sampling: SamplingBatch | None) -> ScheduleBatch:
     """One new token for every request: the per-step fast path (plain lists, one slot each).
     The caller has made sure the pool has a page for every request that needs one."""
-    ids, positions, locs = [], [], []
+    ids, positions, locs, groups = [], [], [], []
     ranged = any(r.cross_spans is not None for r in reqs)
     starts, ends = [], []
     for r in reqs:
         pos = r.kv_len
+        # a beam group's rows are contiguous, its first row first (step_plan.lay_out)
+        groups.append(1 if r.beam is None else len(r.beam.rows) if r is r.beam.rows[0] else 0)
         loc = memory.alloc_one(r)
         assert loc is not None, "scheduler decoded a request the KV pool cannot hold"
         ids.append(r.output_ids[-1] if r.output_ids else r.decoder_input_ids[-1])
@@ -123,6 +126,7 @@ def decode_batch(reqs: list[Req], memory: RequestMemory,
         seq_lens=[r.kv_len for r in reqs],
         extend_lens=[1] * len(reqs),
         encoder_lens=[r.encoder_len for r in reqs],
+        cross_group_lens=groups,
     ), sampling)
     return ScheduleBatch(ForwardMode.DECODE, reqs, wb)
 
