@@ -6,13 +6,14 @@ that cannot compile for a GPU (an atomic handed a bf16 buffer in a branch the CP
 passes every CPU test and crashes the GPU server. Here a tour drives the runtime's kernels in
 each dtype under the interpreter -- T5, Llama and Mllama through the scheduler with the Triton
 backend, the CUDA-only fused ops directly, decode and beam-group cross-attention decode with
-and without split-KV, the sampler's top-p threshold -- recording each launch, and
-`kernel_launches.compile_launches` compiles every one (every autotuner config, and with
-programmatic dependent launch on sm_90) with Triton's GPU compiler.
+and without split-KV, the beam step's page copies, the sampler's top-p threshold -- recording
+each launch, and `kernel_launches.compile_launches` compiles every one (every autotuner
+config, and with programmatic dependent launch on sm_90) with Triton's GPU compiler.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import defaultdict
@@ -123,6 +124,21 @@ def _beam_cross_tour(dtype: torch.dtype) -> None:
                                         num_splits=splits)
             beam_cross_attention_decode(q, k, v, table, group_rows, group_starts, ends, 0.125,
                                         kv_starts=torch.full_like(ends, 2), num_splits=splits)
+
+
+def _beam_copy_tour(dtype: torch.dtype) -> None:
+    """The beam step's last-page copies (`move_pages` on CUDA): mT5's 16 KV heads x 64 in
+    groups of 4 beams and 1 (a 4 x 1024 tile), and 16 beams (16 x 256, four chunks a row)."""
+    from seq2serve.runtime.kernels.triton_beam_copy import beam_copy
+
+    table = torch.arange(64, dtype=torch.int32).view(4, 16)
+    for beams in ([4, 1], [16]):
+        rows = sum(beams)
+        k, v = (torch.randn(2, 64, 16, 64).to(dtype) for _ in range(2))
+        starts = torch.tensor([0, *itertools.accumulate(beams)])
+        parents = torch.cat([torch.randperm(b) + s for b, s in zip(beams, starts.tolist())])
+        beam_copy(k, v, table, torch.arange(rows) % 4, parents, torch.full((rows,), 4),
+                  torch.full((rows,), 3), starts, max(beams))
 
 
 def _fused_ops_tour(dtype: torch.dtype) -> None:
@@ -245,6 +261,7 @@ def launches(checkpoints) -> list[dict]:
             _mllama_tour(checkpoints["mllama"], dtype)
             _decode_tour(getattr(torch, dtype))
             _beam_cross_tour(getattr(torch, dtype))
+            _beam_copy_tour(getattr(torch, dtype))
             _fused_ops_tour(getattr(torch, dtype))
             _top_p_tour(getattr(torch, dtype))
             _race_tour(getattr(torch, dtype))

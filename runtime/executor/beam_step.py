@@ -33,6 +33,10 @@ class BeamMoves:
     shared_end: torch.Tensor  # [beam rows] int64: positions below it are in full pages
     copy_len: torch.Tensor  # [beam rows] int64: positions written in the last page
     copy_width: int  # max of copy_len, at least 1 (the width of the copy's index)
+    # [groups + 1] int64: group g's beam rows are rows starts[g]:starts[g + 1] (None: the
+    # copies take the torch path)
+    starts: torch.Tensor | None = None
+    max_beams: int = 1  # the most rows of a group (the kernel's tile)
 
 
 def choose_beams(values: torch.Tensor, ids: torch.Tensor, buckets, moves: BeamMoves,
@@ -70,19 +74,32 @@ def choose_beams(values: torch.Tensor, ids: torch.Tensor, buckets, moves: BeamMo
     return parents, scores
 
 
-def move_pages(req_to_token: torch.Tensor, kv, moves: BeamMoves, parents: torch.Tensor) -> None:
+def move_pages(req_to_token: torch.Tensor, kv, moves: BeamMoves, parents: torch.Tensor,
+               kernel: bool | None = None) -> None:
     """Make each beam row continue its parent's sequence (see the module's docstring). Copies
-    read the tables and K/V as they were before the step's moves (gather, then scatter)."""
+    read the tables and K/V as they were before the step's moves (gather, then scatter). On
+    CUDA the last pages' copies are one kernel that touches only the rows whose parent changed
+    (`kernels/triton_beam_copy.py`); the table rows are rewritten after it has read them.
+    `kernel` forces the choice (tests run the kernel in Triton's interpreter on the CPU)."""
     rows = moves.table_rows
     src_rows = rows[parents]
     own, theirs = req_to_token[rows], req_to_token[src_rows]
     ctx = req_to_token.shape[1]
+    col = torch.arange(ctx, device=rows.device)
+    shared = torch.where(col[None, :] < moves.shared_end[:, None], theirs, own)
+    if kernel is None:
+        kernel = rows.is_cuda and moves.starts is not None
+    if kernel:
+        # every tensor-parallel rank moves its own
+        kv.copy_partial_pages(req_to_token, rows, parents, moves.shared_end, moves.copy_len,
+                              moves.starts, moves.max_beams)
+        req_to_token[rows] = shared
+        return
     width = torch.arange(moves.copy_width, device=rows.device)
     pos = (moves.shared_end[:, None] + width[None, :]).clamp(max=ctx - 1)
     copy = (width[None, :] < moves.copy_len[:, None]) & (src_rows != rows)[:, None]
     # slots not to copy point at slot 0 (the pool's scratch page) on both sides
     src = torch.where(copy, theirs.gather(1, pos), 0).flatten().long()
     dst = torch.where(copy, own.gather(1, pos), 0).flatten().long()
-    col = torch.arange(ctx, device=rows.device)
-    req_to_token[rows] = torch.where(col[None, :] < moves.shared_end[:, None], theirs, own)
+    req_to_token[rows] = shared
     kv.copy_slots_local(src, dst)  # every tensor-parallel rank moves its own

@@ -68,6 +68,16 @@ class PagedKVBuffers:
         for buf in (self._k, self._v):
             buf[:, dst] = buf[:, src]
 
+    def copy_partial_pages(self, req_to_token: torch.Tensor, table_rows: torch.Tensor,
+                           parents: torch.Tensor, shared_end: torch.Tensor,
+                           copy_len: torch.Tensor, starts: torch.Tensor, max_beams: int) -> None:
+        """A beam step's last-page copies in one kernel (`kernels/triton_beam_copy.beam_copy`,
+        CUDA tensors), on this rank only: every tensor-parallel rank moves its own."""
+        from seq2serve.runtime.kernels.triton_beam_copy import beam_copy
+
+        beam_copy(self._k, self._v, req_to_token, table_rows, parents, shared_end, copy_len,
+                  starts, max_beams)
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_buf, v_buf = self.k_buffers[layer_id], self.v_buffers[layer_id]
         if k.is_cuda and k.stride(1) == k.shape[2] and v.stride(1) == v.shape[2]:

@@ -133,6 +133,9 @@ class StepLauncher:
                 copy_len.append(length % ps)
         rows = torch.tensor([table_rows, shared_end, copy_len], dtype=torch.int64)
         rows = rows.to(self.device, non_blocking=True)
+        sizes = [len(g.rows) for g in groups]
+        starts = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
         return BeamMoves(stop_ids.to(self.device, non_blocking=True),
                          torch.tensor(all_end).to(self.device, non_blocking=True),
-                         rows[0], rows[1], rows[2], max(1, max(copy_len)))
+                         rows[0], rows[1], rows[2], max(1, max(copy_len)),
+                         starts.to(self.device, non_blocking=True), max(sizes))
