@@ -17,6 +17,8 @@ from seq2serve.runtime.kernels.triton_beam_copy import beam_copy
 from seq2serve.runtime.memory.token_to_kv_pool import PagedKVBuffers
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+# on a GPU, part of the GPU gate (scripts/gpu_check.py runs `-m gpu`); on the CPU, of CI
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []
 PS = 4  # page size
 CTX = 32  # positions of a table row
 _seeds = itertools.count(7000)

@@ -24,6 +24,8 @@ from seq2serve.runtime.kernels.triton_decode import _split_counters, paged_decod
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+# on a GPU, part of the GPU gate (scripts/gpu_check.py runs `-m gpu`); on the CPU, of CI
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []
 _F32 = dict(atol=1e-5, rtol=1e-5)
 _BF16 = dict(atol=2e-2, rtol=2e-2)  # against float32 math on the same bf16 inputs
 _seeds = itertools.count(4000)
