@@ -70,7 +70,7 @@ GATE_TESTS = ["tests/test_gpu.py", "tests/test_triton_kernels.py", "tests/test_t
               "tests/test_scoring.py", "tests/test_gpu_quantization.py",
               "tests/test_whisper_kernels.py", "tests/test_top_p_kernel.py",
               "tests/test_race_kernel.py", "tests/test_beam_cross_attention.py",
-              "tests/test_beam_copy.py",
+              "tests/test_beam_copy.py", "tests/test_beam_topk.py",
               "tests/test_gpu_tensor_parallel.py"]  # (2 GPUs, else skips)
 
 

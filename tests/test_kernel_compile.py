@@ -6,9 +6,10 @@ that cannot compile for a GPU (an atomic handed a bf16 buffer in a branch the CP
 passes every CPU test and crashes the GPU server. Here a tour drives the runtime's kernels in
 each dtype under the interpreter -- T5, Llama and Mllama through the scheduler with the Triton
 backend, the CUDA-only fused ops directly, decode and beam-group cross-attention decode with
-and without split-KV, the beam step's page copies, the sampler's top-p threshold -- recording
-each launch, and `kernel_launches.compile_launches` compiles every one (every autotuner
-config, and with programmatic dependent launch on sm_90) with Triton's GPU compiler.
+and without split-KV, the beam step's page copies, the sampler's top-p threshold and beam
+candidates -- recording each launch, and `kernel_launches.compile_launches` compiles every one
+(every autotuner config, and with programmatic dependent launch on sm_90) with Triton's GPU
+compiler.
 """
 
 from __future__ import annotations
@@ -229,6 +230,17 @@ def _race_tour(dtype: torch.dtype) -> None:
     race_kernel(probs, torch.tensor([5, 1 << 31]), block_size(128256))
 
 
+def _beam_topk_tour(dtype: torch.dtype) -> None:
+    """The beam candidates from the logits (the CUDA sampler's beam rows): mT5's chunk of
+    8,192 tokens over a vocabulary that ends in a partial chunk, with and without suppressed
+    tokens, keep 8 (4 beams) and 16."""
+    from seq2serve.runtime.kernels.triton_beam_topk import beam_topk
+
+    logits, scores = torch.randn(5, 9000).to(dtype), torch.randn(5, 1)
+    beam_topk(logits, scores, [(1, 1, 8), (1, 4, 8)], argmax=True)
+    beam_topk(logits, scores, [(1, 5, 16)], torch.tensor([0, 3]))
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     from seq2serve.runtime.tools.demo_checkpoint import (
@@ -265,6 +277,7 @@ def launches(checkpoints) -> list[dict]:
             _fused_ops_tour(getattr(torch, dtype))
             _top_p_tour(getattr(torch, dtype))
             _race_tour(getattr(torch, dtype))
+            _beam_topk_tour(getattr(torch, dtype))
     return recorded
 
 

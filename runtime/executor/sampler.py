@@ -6,7 +6,7 @@ kernel, runtime/kernels/triton_race.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -119,6 +119,8 @@ class Sampler:
         return logits.index_fill(-1, self.suppressed, float("-inf")).argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
+        if sb.beam_rows and logits.is_cuda and _plain_beams(sb):
+            return self._fused_beams(logits, sb)
         model_logits, logits = logits, logits.float()
         if sb.beam_rows:  # HF's beam search: the processors act on log-probs
             r = sb.beam_rows
@@ -155,6 +157,25 @@ class Sampler:
                 out.top_logprobs, out.top_logprob_ids = vals, ids
         return out
 
+    def _fused_beams(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
+        """The beam candidates straight from the model's logits (triton_beam_topk.py: no
+        float32 copy, no full log-softmax, no torch top-k over [groups, rows * vocab]); the
+        rows after the beam rows as `__call__` treats them. A beam row's next token is the
+        argmax of its log-probs (+ its score: the lower token where rounding makes two equal),
+        as `_sample` gives it; `choose_beams` overwrites it for groups past their first step."""
+        from seq2serve.runtime.kernels.triton_beam_topk import beam_topk  # (Triton: CUDA only)
+
+        r = sb.beam_rows
+        values, ids, tokens = beam_topk(logits[:r], sb.beam_scores, sb.beam_buckets,
+                                        self.suppressed, argmax=True)
+        if r < logits.shape[0]:
+            tokens = torch.cat([tokens, self(logits[r:], _after_beams(sb)).next_token_ids])
+        out = StepOutput(next_token_ids=tokens, beam_values=values, beam_ids=ids)
+        if sb.beam_moves is not None:
+            out.beam_parents, out.beam_running_scores = choose_beams(
+                values, ids, sb.beam_buckets, sb.beam_moves, logits.shape[-1], tokens)
+        return out
+
     @staticmethod
     def _sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
         argmax = logits.argmax(dim=-1)
@@ -170,6 +191,32 @@ class Sampler:
         else:
             sampled = race(probs, sb.keys)
         return torch.where(sb.greedy, argmax, sampled)
+
+
+def _plain_beams(sb: SamplingBatch) -> bool:
+    """Nothing but the log-softmax, the static suppressed tokens and the top-k acts on the
+    batch's beam rows, and no log-probs are returned: the fused beam path applies. Every
+    per-row rule is required absent from the whole batch (conservatively: the beam rows'
+    own would do)."""
+    from seq2serve.runtime.kernels.triton_beam_topk import MAX_KEEP
+
+    return (not sb.want_logprobs and sb.penalty_ids is None and sb.banned_rows is None
+            and sb.grammar_rows is None and sb.timestamps is None and sb.forced_rows is None
+            and all(keep <= MAX_KEEP for _, _, keep in sb.beam_buckets))
+
+
+def _after_beams(sb: SamplingBatch) -> SamplingBatch:
+    """`sb` for its rows after the beam rows (those rows' tensors; no beams). Only for a batch
+    `_plain_beams` accepts: its penalty, ban, grammar and forced fields are all None."""
+    r = sb.beam_rows
+
+    def rest(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[r:]
+
+    return replace(sb, temperatures=rest(sb.temperatures), greedy=rest(sb.greedy),
+                   top_ks=rest(sb.top_ks), top_ps=rest(sb.top_ps), min_ps=rest(sb.min_ps),
+                   keys=rest(sb.keys), filtered=rest(sb.filtered), beam_rows=0,
+                   beam_scores=None, beam_buckets=(), beam_moves=None)
 
 
 def _beam_candidates(logprobs: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor,
