@@ -12,9 +12,12 @@ and groups of any size run through the M-tile loop.
 
 Tile: the beams x GROUP (GROUP = H // KVH) query rows of a (group, KV head) as [BLOCK_M, D]
 operands of `tl.dot` (BLOCK_M a power of two >= 16 and >= GROUP; a larger group takes several
-tiles, over M_TILES programs and then a loop), against [BLOCK_N, D] key and value blocks.
+tiles, one program each), against [BLOCK_N, D] key and value blocks.
 Cross-attention bytes per step are then those of the requests: groups x keys x KVH x D x 2
 (K and V) x itemsize, 1 / beams of what one program per row reads.
+(A loop over M tiles inside a program, so that any group fits any grid, measured 35 % slower
+on an H200, and a tile path for groups of one 10-25 % slower than `paged_decode_attention`:
+hence the fixed tiles and the one-row branch.)
 
 Split-KV as in `triton_decode`: a tile with more keys than MIN_SPLIT_KEYS uses several
 programs over the keys, each writes a partial (output and log-sum-exp) and the last one to
@@ -44,6 +47,103 @@ MAX_BLOCK_M = 64
 
 
 @triton.jit
+def _tile(q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, kv_starts, kv_ends,
+          scaling, first, table_row, kv_head, m_tile, split, num_rows, stride_qt, stride_qh,
+          stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_pt,
+          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+          HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+          DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, ONE_ROW: tl.constexpr):
+    """One M tile of a group against its keys of one split (and the merge, by the last
+    split). ONE_ROW: a group of one row (a request without beams): its window is a scalar, as
+    in `paged_decode_attention`, and no per-row visibility mask is needed."""
+    # tile row i: beam i // GROUP of the group, query head kv_head * GROUP + i % GROUP
+    i = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    i_ok = i < num_rows
+    rows = (first + i // GROUP).to(tl.int64)
+    heads = kv_head * GROUP + i % GROUP
+    if ONE_ROW:
+        hi = tl.load(kv_ends + first)
+        lo = tl.load(kv_starts + first) if HAS_KV_START else 0
+        hi = tl.maximum(hi, lo)
+        starts = tl.zeros([BLOCK_M], tl.int32)  # (unused)
+        ends = starts
+    else:
+        ends = tl.load(kv_ends + rows, mask=i_ok, other=0)
+        if HAS_KV_START:
+            starts = tl.load(kv_starts + rows, mask=i_ok, other=0)
+        else:
+            starts = tl.zeros([BLOCK_M], tl.int32)
+        # keys the tile reads: the union of its rows' windows (the beams of a group share
+        # theirs, but a row keeps its own window as in paged_decode_attention); rows with
+        # none add nothing
+        seen = i_ok & (ends > starts)
+        lo = tl.min(tl.where(seen, starts, 2147483647), 0)
+        hi = tl.max(tl.where(seen, ends, 0), 0)
+        lo = tl.minimum(lo, hi)
+    kv_len = hi - lo
+    splits = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NUM_SPLITS)
+    if split < splits:
+        chunk = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
+        start = lo + split * chunk
+        end = tl.minimum(start + chunk, hi)
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        q_mask = i_ok[:, None] & d_ok[None, :]
+        q_tile = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh
+                         + d[None, :], mask=q_mask, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < end
+            slot = tl.load(page_table + table_row * stride_pt + n, mask=n_ok,
+                           other=0).to(tl.int64)
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
+                        mask=kv_mask, other=0.0)
+            scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
+            if ONE_ROW:
+                scores = tl.where(n_ok[None, :], scores, float("-inf"))
+            else:
+                visible = (n[None, :] >= starts[:, None]) & (n[None, :] < ends[:, None])
+                scores = tl.where(visible & n_ok[None, :], scores, float("-inf"))
+            v = tl.load(v_buf + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
+                        mask=kv_mask, other=0.0)
+            m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, DOT_PRECISION)
+        o, lse = softmax_finish(m_i, l_i, acc)
+        out_ptrs = out + rows[:, None] * stride_ot + heads[:, None] * HEAD_DIM + d[None, :]
+        if splits == 1:
+            tl.store(out_ptrs, o.to(out.dtype.element_ty), mask=q_mask)
+        else:
+            base = (rows * NUM_HEADS + heads) * NUM_SPLITS  # each row's partials
+            tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o,
+                     mask=q_mask)
+            tl.store(part_lse + base + split, lse, mask=i_ok)
+            tl.debug_barrier()  # every thread's partial is written before the count goes up
+            counter = counters + (first + m_tile) * NUM_KV_HEADS + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:  # the last split
+                tl.atomic_xchg(counter, 0)  # ready for the next call
+                m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                for s in range(0, splits):
+                    m = tl.maximum(m, tl.load(part_lse + base + s, mask=i_ok,
+                                              other=float("-inf"), cache_modifier=".cg"))
+                m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights all 0
+                total = tl.zeros([BLOCK_M], tl.float32)
+                merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+                for s in range(0, splits):
+                    weight = tl.exp(tl.load(part_lse + base + s, mask=i_ok,
+                                            other=float("-inf"), cache_modifier=".cg") - m)
+                    o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                                  mask=q_mask, other=0.0, cache_modifier=".cg")
+                    total += weight
+                    merged += weight[:, None] * o_s
+                merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+                tl.store(out_ptrs, merged.to(out.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
 def _beam_cross_kernel(
     q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, req_rows, group_lens,
     kv_starts, kv_ends, scaling, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs,
@@ -59,84 +159,24 @@ def _beam_cross_kernel(
         gdc_wait()
     first = tl.program_id(0)  # the group's first row (a program of any other row: no tiles)
     kv_head = tl.program_id(1) // M_TILES
+    m_tile = tl.program_id(1) % M_TILES
     split = tl.program_id(2)
-    num_rows = tl.load(group_lens + first) * GROUP  # the group's query rows on this KV head
-    table_row = tl.load(req_rows + first).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    for m_tile in range(tl.program_id(1) % M_TILES, tl.cdiv(num_rows, BLOCK_M), M_TILES):
-        # tile row i: beam i // GROUP of the group, query head kv_head * GROUP + i % GROUP
-        i = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        i_ok = i < num_rows
-        rows = (first + i // GROUP).to(tl.int64)
-        heads = kv_head * GROUP + i % GROUP
-        ends = tl.load(kv_ends + rows, mask=i_ok, other=0)
-        if HAS_KV_START:
-            starts = tl.load(kv_starts + rows, mask=i_ok, other=0)
-        else:
-            starts = tl.zeros([BLOCK_M], tl.int32)
-        # keys the tile reads: the union of its rows' windows (the beams of a group share
-        # theirs, but a row keeps its own window as in paged_decode_attention); rows with none
-        # add nothing
-        seen = i_ok & (ends > starts)
-        lo = tl.min(tl.where(seen, starts, 2147483647), 0)
-        hi = tl.max(tl.where(seen, ends, 0), 0)
-        lo = tl.minimum(lo, hi)
-        kv_len = hi - lo
-        splits = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NUM_SPLITS)
-        if split < splits:
-            chunk = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
-            start = lo + split * chunk
-            end = tl.minimum(start + chunk, hi)
-            q_mask = i_ok[:, None] & d_ok[None, :]
-            q_tile = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh
-                             + d[None, :], mask=q_mask, other=0.0)
-            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            for n0 in range(start, end, BLOCK_N):
-                n = n0 + tl.arange(0, BLOCK_N)
-                n_ok = n < end
-                slot = tl.load(page_table + table_row * stride_pt + n, mask=n_ok,
-                               other=0).to(tl.int64)
-                kv_mask = n_ok[:, None] & d_ok[None, :]
-                k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh
-                            + d[None, :], mask=kv_mask, other=0.0)
-                scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
-                visible = (n[None, :] >= starts[:, None]) & (n[None, :] < ends[:, None])
-                scores = tl.where(visible & n_ok[None, :], scores, float("-inf"))
-                v = tl.load(v_buf + slot[:, None] * stride_vs + kv_head * stride_vh
-                            + d[None, :], mask=kv_mask, other=0.0)
-                m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, DOT_PRECISION)
-            o, lse = softmax_finish(m_i, l_i, acc)
-            out_ptrs = out + rows[:, None] * stride_ot + heads[:, None] * HEAD_DIM + d[None, :]
-            if splits == 1:
-                tl.store(out_ptrs, o.to(out.dtype.element_ty), mask=q_mask)
-            else:
-                base = (rows * NUM_HEADS + heads) * NUM_SPLITS  # each row's partials
-                tl.store(part_out + (base + split)[:, None] * HEAD_DIM + d[None, :], o,
-                         mask=q_mask)
-                tl.store(part_lse + base + split, lse, mask=i_ok)
-                tl.debug_barrier()  # every thread's partial is written before the count goes up
-                counter = counters + (first + m_tile) * NUM_KV_HEADS + kv_head
-                if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:  # the last split
-                    tl.atomic_xchg(counter, 0)  # ready for the next call
-                    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                    for s in range(0, splits):
-                        m = tl.maximum(m, tl.load(part_lse + base + s, mask=i_ok,
-                                                  other=float("-inf"), cache_modifier=".cg"))
-                    m = tl.where(m == float("-inf"), 0.0, m)  # no keys anywhere: weights 0
-                    total = tl.zeros([BLOCK_M], tl.float32)
-                    merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-                    for s in range(0, splits):
-                        weight = tl.exp(tl.load(part_lse + base + s, mask=i_ok,
-                                                other=float("-inf"), cache_modifier=".cg") - m)
-                        o_s = tl.load(part_out + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                                      mask=q_mask, other=0.0, cache_modifier=".cg")
-                        total += weight
-                        merged += weight[:, None] * o_s
-                    merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]
-                    tl.store(out_ptrs, merged.to(out.dtype.element_ty), mask=q_mask)
+    beams = tl.load(group_lens + first)
+    if beams == 1:  # a row without beams: paged_decode_attention's work, no more
+        if m_tile == 0:
+            _tile(q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, kv_starts,
+                  kv_ends, scaling, first, tl.load(req_rows + first).to(tl.int64), kv_head, 0,
+                  split, GROUP, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs,
+                  stride_vh, stride_ot, stride_pt, NUM_HEADS, NUM_KV_HEADS, GROUP, HEAD_DIM,
+                  NUM_SPLITS, MIN_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION,
+                  HAS_KV_START, True)
+    elif m_tile * BLOCK_M < beams * GROUP:
+        _tile(q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, kv_starts,
+              kv_ends, scaling, first, tl.load(req_rows + first).to(tl.int64), kv_head, m_tile,
+              split, beams * GROUP, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs,
+              stride_vh, stride_ot, stride_pt, NUM_HEADS, NUM_KV_HEADS, GROUP, HEAD_DIM,
+              NUM_SPLITS, MIN_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, HAS_KV_START,
+              False)
 
 
 def beam_tile(max_beams: int, group: int) -> tuple[int, int]:
@@ -163,8 +203,9 @@ def beam_cross_attention_rows(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     [kv_starts[t] (default 0), kv_ends[t]) at slots req_to_cross[req_rows[first], j] of
     k_buf/v_buf ([slots, KVH, D]); a row that sees no key gets zeros. num_splits: the most
     programs a tile's keys are split over (`triton_decode.num_kv_splits`). m_tiles: programs
-    per (group, KV head) along the query rows (`beam_tile` for the largest group; any group
-    is computed whole whatever it is: more tiles loop). block_n, num_warps: for tuning.
+    per (group, KV head) along the query rows: `beam_tile`'s for the largest group, at least
+    (a group with more tiles than that is computed only in part). block_n, num_warps: for
+    tuning.
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]

@@ -230,14 +230,14 @@ def test_tiles():
     assert beam_tile(2, 128) == (64, 4)
 
 
-@pytest.mark.parametrize("m_tiles", [1, 2])
-def test_tiles_loop_when_the_grid_has_fewer(poisoned_empty, m_tiles):
-    """A CUDA graph's grid is fixed at capture: with fewer M-tile programs than a group has
-    tiles, each program loops over its share, and the result is the same."""
+def test_more_tiles_than_the_groups_need(poisoned_empty):
+    """A CUDA graph's grid is planned for the largest group it may hold: programs for tiles
+    past a group's rows do nothing, and the result is the same."""
     c = _groups([8, 1, 3], [40, 140, 7], (16, 1, 16), windows="row")
     req_rows, group_lens = per_row(c.group_rows, c.group_starts, c.q.shape[0])
     out = beam_cross_attention_rows(c.q, c.k_buf, c.v_buf, c.table, req_rows, group_lens,
-                                    c.kv_ends, 0.25, c.kv_starts, 2, m_tiles)
+                                    c.kv_ends, 0.25, c.kv_starts, 2,
+                                    beam_tile(16, 16)[1])
     _check(out, _reference(c, 0.25), **_F32)
 
 

@@ -42,11 +42,12 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, fb: ForwardBatch | EncodeForwardBatch) -> None: ...
 
     def init_graph_metadata(self, fb: ForwardBatch, self_splits: int, cross_splits: int,
-                            beams: bool = False) -> None:
+                            beams: int = 0) -> None:
         """Decode metadata for a CUDA graph capture: made only of views of `fb`'s static device
         tensors, so each replay reads its own values (`beams`: each beam group's cross K/V
-        read once, the groups a graph input). Backends that cannot be captured keep
-        this default (the model runner captures only with the Triton backend)."""
+        read once, for groups of up to `beams` rows; the groups are a graph input). Backends
+        that cannot be captured keep this default (the model runner captures only with the
+        Triton backend)."""
         raise NotImplementedError(f"{type(self).__name__} cannot run in CUDA graphs")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,

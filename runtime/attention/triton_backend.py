@@ -43,7 +43,7 @@ class _Metadata:
     cross_kv_start: torch.Tensor | None  # decode: first cross key of each request, if ranged
     cross_kv_end: torch.Tensor | None  # decode: end of each request's cross keys
     # decode over beam groups (fb.cross_group_lens, each group's K/V read once): the largest
-    # group the grid is planned for (a larger one loops); 0: `paged_decode_attention` serves
+    # group the grid is planned for; 0: `paged_decode_attention` serves
     cross_beams: int = 0
 
 
@@ -102,11 +102,11 @@ class TritonBackend(AttentionBackend):
         fb.attn_metadata = md
 
     def init_graph_metadata(self, fb: ForwardBatch, self_splits: int, cross_splits: int,
-                            beams: bool = False) -> None:
+                            beams: int = 0) -> None:
         """Decode metadata made only of views of `fb`'s (static) device tensors, so that a
         captured CUDA graph reads each replay's values: no host lists, no copies. `beams`:
-        the graph's cross-attention reads each beam group's K/V once (any group size; the
-        batch's groups are a graph input)."""
+        the graph's cross-attention reads each beam group's K/V once, for groups of up to
+        `beams` rows (the batch's groups are a graph input); 0: one program per row."""
         cross_end = fb.encoder_lens
         if fb.cross_kv_end is not None:
             cross_end = torch.minimum(fb.encoder_lens, fb.cross_kv_end)
@@ -115,7 +115,7 @@ class TritonBackend(AttentionBackend):
             block_req=fb.positions.new_empty(0), block_start=fb.positions.new_empty(0),
             decode=True, self_splits=self_splits, cross_splits=cross_splits,
             cross_kv_start=fb.cross_kv_start, cross_kv_end=cross_end,
-            cross_beams=1 if beams else 0)
+            cross_beams=beams)
 
     def forward_self(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
                      position_bias: PositionBias | None) -> torch.Tensor:

@@ -29,6 +29,7 @@ from seq2serve.runtime.kernels.triton_decode import num_kv_splits
 
 logger = logging.getLogger(__name__)
 
+_GRAPH_BEAMS = 16  # the largest beam group a graph's cross-attention grid is planned for
 _BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
             320, 384, 448, 512)
 
@@ -43,8 +44,9 @@ class CudaGraphRunner:
         self.max_bs = max_bs
         # the optional inputs the model reads (Mllama: each token's cross key range)
         self.optional = runner.model_optional_inputs
-        # cross-attention reads each beam group's K/V once (groups of one: greedy rows too)
-        self.beam_groups = runner.cross_kv_pool is not None
+        # cross-attention reads each beam group's K/V once, for groups of up to this many rows
+        # (a batch with a larger group runs eagerly); rows without beams are groups of one
+        self.graph_beams = _GRAPH_BEAMS if runner.cross_kv_pool is not None else 0
         # the static input: one row per DecoderInputs field, uploaded with one copy
         self.fields = input_fields()
         self.row = {f.name: i for i, f in enumerate(self.fields)}
@@ -65,7 +67,14 @@ class CudaGraphRunner:
 
     def can_run(self, wb: DecoderBatch) -> bool:
         return (wb.forward_mode is ForwardMode.DECODE and wb.batch_size <= self.max_decode_bs
-                and wb.inputs.present() == self.optional)
+                and wb.inputs.present() == self.optional and self._groups_fit(wb))
+
+    def _groups_fit(self, wb: DecoderBatch) -> bool:
+        """The batch's beam groups fit the graphs' cross-attention grid (only a batch with
+        beam rows can hold a group of more than one)."""
+        if not self.graph_beams or wb.sampling is None or not wb.sampling.beam_rows:
+            return True
+        return max(wb.inputs.cross_group_lens) <= self.graph_beams
 
     def can_run_prefill(self, wb: DecoderBatch) -> bool:
         """An EXTEND batch short enough to replay as decode rows (one per new token); a batch
@@ -101,7 +110,7 @@ class CudaGraphRunner:
         r = self.runner
         # inside the capture: the metadata's own device ops (key-range clamps) replay too
         r.attn_backend.init_graph_metadata(fb, *self.splits[fb.batch_size],
-                                           beams=self.beam_groups)
+                                           beams=self.graph_beams)
         r.req_to_token_pool.req_to_token[fb.req_pool_indices, fb.positions] = \
             fb.out_cache_loc.int()
         hidden = r.model(fb.input_ids, fb.positions, fb)
