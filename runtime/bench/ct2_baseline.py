@@ -30,10 +30,13 @@ def ensure_weights(model_dir: str) -> str:
 
 
 def bench_ct2(model_dir: str, reqs: list[BenchRequest], batch_size: int, output_len: int,
-              compute_type: str = "float32", threads: int | None = None) -> dict:
-    """Output tokens/s of `Translator.translate_batch` (greedy, exactly `output_len` tokens
-    each) over all `reqs`, after a warm-up batch; with each request's output ids."""
-    return Ct2Runner(model_dir, reqs, batch_size, output_len, compute_type, threads)()
+              compute_type: str = "float32", threads: int | None = None,
+              beam_size: int = 1) -> dict:
+    """Output tokens/s of `Translator.translate_batch` (greedy, or `beam_size` beams and the
+    best hypothesis counted; exactly `output_len` tokens each) over all `reqs`, after a
+    warm-up batch; with each request's output ids."""
+    return Ct2Runner(model_dir, reqs, batch_size, output_len, compute_type, threads,
+                     beam_size)()
 
 
 class Ct2Runner:
@@ -42,7 +45,7 @@ class Ct2Runner:
 
     def __init__(self, model_dir: str, reqs: list[BenchRequest], batch_size: int,
                  output_len: int, compute_type: str = "float32",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, beam_size: int = 1) -> None:
         try:
             import ctranslate2
         except ImportError as e:
@@ -63,7 +66,8 @@ class Ct2Runner:
         self.tok = load_tokenizer(model_dir)
         self.sources = [self.tok.convert_ids_to_tokens(r.input_ids) for r in reqs]
         # exactly output_len tokens, EOS an ordinary token (as seq2serve's ignore_eos)
-        self.opts = {"beam_size": 1, "max_decoding_length": output_len,
+        # (beams: length_penalty 1 and no early stop, HF's defaults; all end at output_len)
+        self.opts = {"beam_size": beam_size, "max_decoding_length": output_len,
                      "min_decoding_length": output_len, "end_token": [],
                      "max_batch_size": batch_size}
         self.translator.translate_batch(self.sources[:batch_size], **self.opts)  # warm-up
@@ -74,6 +78,7 @@ class Ct2Runner:
         elapsed = time.perf_counter() - start
         outputs = [self.tok.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
         return {"mode": f"ct2-{self.compute_type}", "batch_size": self.batch_size,
+                "beam_size": self.opts["beam_size"],
                 "threads": self.threads, "tokens_per_s": sum(map(len, outputs)) / elapsed,
                 "seconds": elapsed, "ctranslate2_version": self.version,
                 "output_ids": outputs}

@@ -21,6 +21,11 @@ _T5 = dict(architectures=["MT5ForConditionalGeneration"], model_type="mt5",
            tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 
 SHAPES: dict[str, dict] = {
+    # google/t5-small (the CPU comparisons with CTranslate2)
+    "t5-small": {**_T5, "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+                 "feed_forward_proj": "relu", "tie_word_embeddings": True, "vocab_size": 32128,
+                 "d_model": 512, "d_ff": 2048, "num_heads": 8, "num_layers": 6,
+                 "num_decoder_layers": 6},
     "mt5-base": {**_T5, "vocab_size": 250112, "d_model": 768, "d_ff": 2048, "num_heads": 12,
                  "num_layers": 12, "num_decoder_layers": 12},
     "mt5-large": {**_T5, "vocab_size": 250112, "d_model": 1024, "d_ff": 2816, "num_heads": 16,
