@@ -23,7 +23,8 @@ def _extend(ranged: bool) -> DecoderBatch:
         out_cache_loc=torch.tensor([40, 41, 42, 50, 51]),
         cross_kv_start=torch.tensor([0, 0, 3, 0, 0], dtype=torch.int32) if ranged else None,
         cross_kv_end=torch.tensor([3, 3, 9, 0, 5], dtype=torch.int32) if ranged else None,
-        req_pool_indices=[7, 2], seq_lens=[7, 2], extend_lens=[3, 2], encoder_lens=[9, 5])
+        req_pool_indices=[7, 2], seq_lens=[7, 2], extend_lens=[3, 2], encoder_lens=[9, 5],
+        cross_group_lens=[1, 1])
     return DecoderBatch(ForwardMode.EXTEND, x)
 
 
@@ -56,7 +57,8 @@ def test_decode_rows_repeats_request_fields_and_keeps_token_fields():
         elif f.name == "extend_lens":
             assert got == [1] * 5
         elif f.metadata["per"] == "request":
-            want = {"req_pool_indices": [7, 7, 7, 2, 2], "encoder_lens": [9, 9, 9, 5, 5]}
+            want = {"req_pool_indices": [7, 7, 7, 2, 2], "encoder_lens": [9, 9, 9, 5, 5],
+                    "cross_group_lens": [1] * 5}  # (an EXTEND's rows: no beam groups)
             assert got == want[f.name], f.name
         else:  # per token: already one value per row
             assert got == getattr(b.inputs, f.name).tolist(), f.name
