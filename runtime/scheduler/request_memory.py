@@ -212,27 +212,18 @@ class RequestMemory:
         copy in, and any the next step's launch has added). Pages no row holds any more are
         freed; nothing is allocated."""
         old = group.rows
-        parents = [p for p, _ in choices]
-        if parents == list(range(len(old))):  # every beam ran on in its row
+        if all(p == j for j, (p, _) in enumerate(choices)):  # every beam ran on in its row
             for row, (_, token) in zip(old, choices):
                 row.output_ids.append(token)
             return
         full, pre = length // self.page_size, old[0].prefix_pages
-        before, outputs = [r.kv_pages for r in old], [r.output_ids for r in old]
-        for row, (p, token), own in zip(old, choices, before):  # (reads the rows as they were)
-            if before[p] is not own:
-                row.kv_pages = before[p][:full] + own[full:]
-                row.output_ids = outputs[p] + [token]
-        for row, (_, token), out in zip(old, choices, outputs):
-            if row.output_ids is out:  # a row that continues itself: no copy
-                out.append(token)
-        # only the full pages of rows no beam continues can be held by none now
-        sources = set(parents)
-        kept = set().union(*[before[p][pre:full] for p in sources])
-        if len(sources) < len(old):
-            self.token_to_kv.allocator.free(sorted(set().union(
-                *[own[pre:full] for j, own in enumerate(before) if j not in sources]) - kept))
-        kept.update(*[own[full:] for own in before])  # every row keeps its last pages
+        pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
+        kept = {pg for own in pages for pg in own[pre:]}
+        self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
+                                               - kept))
+        outputs = [old[p].output_ids + [token] for p, token in choices]
+        for row, own, out in zip(old, pages, outputs):
+            row.kv_pages, row.output_ids = own, out
         group.peak_pages = max(group.peak_pages, pre + len(kept))
 
     def release_beams(self, group: BeamGroup, keep_cross: bool = False) -> None:
