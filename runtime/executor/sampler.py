@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from seq2serve.runtime.executor.beam_step import choose_beams
@@ -45,7 +46,7 @@ class StepOutput:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
-    beam_candidates: tuple[list[float], list[int]] | None = None
+    beam_candidates: tuple[np.ndarray, np.ndarray] | None = None  # (float32 values, int64 ids)
     beam_parent_rows: list[int] | None = None
     input_token_logprobs: list[float] | None = None
     device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
@@ -89,7 +90,7 @@ class StepOutput:
         if top_vals is not None:
             self.top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
         if beam_values is not None:
-            self.beam_candidates = beam_values.tolist(), beam_ids.tolist()
+            self.beam_candidates = beam_values.numpy(), beam_ids.numpy()
         if parents is not None:
             self.beam_parent_rows = parents.tolist()
         if input_logprobs is not None:

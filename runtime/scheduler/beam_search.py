@@ -7,11 +7,14 @@ where they diverge (RequestMemory.reorder_beams). Each step the sampler returns,
 `keep` best (accumulated log-prob, row * vocab + token) candidates over all its rows; `advance`
 applies HF's rules to them (transformers' `_beam_search`, `_get_top_k_continuations`,
 `_update_finished_beams`, `_check_early_stop_heuristic`): the arithmetic is float32 as there.
+`advance_groups` does it for all the groups of a step at once, with numpy over [groups, keep]
+arrays; only groups where a hypothesis finishes touch their `hyps` in Python.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -42,9 +45,10 @@ class BeamGroup:
     def num_beams(self) -> int:
         return self.rows[0].sampling_params.num_beams
 
-    @property
+    @cached_property
     def keep(self) -> int:
-        """Candidates per step: enough that num_beams survive even if the others all stop."""
+        """Candidates per step: enough that num_beams survive even if the others all stop.
+        (Fixed for the group's life: its sampling params and stop ids do not change.)"""
         return max(2, 1 + len(self.stop_ids)) * self.num_beams
 
     def spawn_rows(self, n: int) -> list[Req]:
@@ -74,49 +78,8 @@ class BeamGroup:
                 vocab: int) -> list[tuple[int, int]]:
         """One step from the `keep` candidates (best first; float32 values): record the
         hypotheses that finish, and return the num_beams running beams as (row it continues,
-        new token)."""
-        sp = self.rows[0].sampling_params
-        k, lp = sp.num_beams, sp.length_penalty
-        n = len(self.rows[0].output_ids) + 1  # tokens each candidate has generated
-        generated = n + self.forced  # as HF counts them (its forced first token included)
-        cands = [divmod(i, vocab) for i in flat_ids]
-        if n >= sp.max_new_tokens:
-            ends = [True] * len(cands)
-        else:
-            ends = [t in self.stop_ids for _, t in cands]
-
-        # the running beams: the best candidates that did not stop (those that did, scored
-        # -1e9, only if too few did not)
-        running = [c for c, e in enumerate(ends) if not e][:k]
-        scores = [values[c] for c in running]
-        if len(running) < k:
-            stopped = [c for c, e in enumerate(ends) if e][:k - len(running)]
-            running += stopped
-            scores += [float(np.float32(values[c]) + _NEG) for c in stopped]
-
-        # finished hypotheses: stopping candidates among the top num_beams, while they can
-        # still matter
-        full = len(self.hyps) == k
-        if any(ends[:k]) and self.improvable and not (full and sp.early_stopping is True):
-            denom = np.float32(float(generated) ** lp)
-            for c in range(min(k, len(cands))):
-                if ends[c]:
-                    row, token = cands[c]
-                    self.hyps.append(Hypothesis(float(np.float32(values[c]) / denom),
-                                                self.rows[row].output_ids + [token]))
-            self.hyps.sort(key=lambda h: -h.score)
-            del self.hyps[k:]
-
-        # can a running beam still beat the worst finished one?
-        best_len = (sp.max_new_tokens + self.forced if sp.early_stopping == "never" and lp > 0
-                    else generated)
-        best = np.float32(scores[0]) / np.float32(float(best_len) ** lp)
-        worst = np.float32(self.hyps[-1].score) if len(self.hyps) == k else _NEG
-        self.improvable = self.improvable and bool(best > worst)
-        open_beam = not (len(self.hyps) == k and sp.early_stopping is True)
-        self.done = not (self.improvable and open_beam and not all(ends))
-        self.scores = scores
-        return [cands[c] for c in running]
+        new token). (`advance_groups` for one group.)"""
+        return advance_groups([self], values, flat_ids, vocab)[0]
 
     def results(self) -> list[Hypothesis]:
         """The num_return_sequences best hypotheses, best first. (Should the search end with
@@ -129,3 +92,93 @@ class BeamGroup:
             found += sorted((Hypothesis(float(np.float32(s / denom)), list(r.output_ids))
                              for s, r in zip(self.scores, self.rows)), key=lambda h: -h.score)
         return found[:sp.num_return_sequences]
+
+
+def advance_groups(groups: list[BeamGroup], values, flat_ids, vocab: int,
+                   starts=None) -> list[list[tuple[int, int]]]:
+    """`BeamGroup.advance` for many groups: `values`, `flat_ids` (lists or arrays) hold each
+    group's `keep` candidates, best first, from `starts[i]` on for groups[i] (default: one
+    after the other, in the groups' order, as the sampler returns them). Updates each group's
+    `scores`, `hyps`, `improvable` and `done`; returns each group's running beams as (row it
+    continues, new token). The float32 arithmetic is HF's, value for value."""
+    if not groups:
+        return []
+    heads = [g.rows[0] for g in groups]
+    sps = [h.sampling_params for h in heads]
+    k = np.array([sp.num_beams for sp in sps], dtype=np.int64)
+    keep = np.array([g.keep for g in groups], dtype=np.int64)
+    if starts is None:
+        starts = np.concatenate(([0], np.cumsum(keep)[:-1]))
+    starts = np.asarray(starts, dtype=np.int64)
+    width, kb = int(keep.max()), int(k.max())
+    col = np.arange(width)
+    valid = col[None, :] < keep[:, None]
+    idx = np.where(valid, starts[:, None] + col[None, :], 0)
+    vals = np.asarray(values, dtype=np.float32)[idx]  # (float32 values: exact)
+    flat = np.asarray(flat_ids, dtype=np.int64)[idx]
+    row, tok = flat // vocab, flat % vocab
+
+    n = np.array([len(h.output_ids) for h in heads], dtype=np.int64) + 1  # generated each
+    forced = np.array([g.forced for g in groups], dtype=np.int64)
+    generated = n + forced  # as HF counts them (its forced first token included)
+    max_new = np.array([sp.max_new_tokens for sp in sps], dtype=np.int64)
+    stop_sets = [g.stop_ids for g in groups]
+    unique = set(stop_sets)
+    if len(unique) == 1:
+        ends = np.isin(tok, np.array(sorted(next(iter(unique))), dtype=np.int64))
+    else:
+        s = max(1, max(len(x) for x in unique))
+        stops = np.full((len(groups), s), -1, dtype=np.int64)
+        for i, x in enumerate(stop_sets):
+            stops[i, :len(x)] = sorted(x)
+        ends = (tok[:, :, None] == stops[:, None, :]).any(-1)
+    ends |= (n >= max_new)[:, None]
+    ends |= ~valid  # padding: after every real candidate, never chosen (keep >= num_beams)
+
+    # the running beams: the best candidates that did not stop (those that did, scored -1e9,
+    # only if too few did not)
+    run = np.argsort(ends, axis=1, kind="stable")[:, :kb]
+    run_vals = np.take_along_axis(vals, run, 1)
+    scores = np.where(np.take_along_axis(ends, run, 1), run_vals + _NEG, run_vals)
+
+    # finished hypotheses: stopping candidates among the top num_beams, while they can still
+    # matter
+    top = ends[:, :kb] & (col[None, :kb] < k[:, None])
+    improvable = np.array([g.improvable for g in groups], dtype=bool)
+    es_true = np.array([sp.early_stopping is True for sp in sps], dtype=bool)
+    full = np.array([len(g.hyps) for g in groups], dtype=np.int64) == k
+    for i in np.flatnonzero(top.any(1) & improvable & ~(full & es_true)).tolist():
+        g, kk = groups[i], int(k[i])
+        denom = np.float32(float(generated[i]) ** sps[i].length_penalty)
+        cands = np.flatnonzero(top[i]).tolist()
+        rows_i, toks_i = row[i].tolist(), tok[i].tolist()
+        for c in cands:
+            g.hyps.append(Hypothesis(float(vals[i, c] / denom),
+                                     g.rows[rows_i[c]].output_ids + [toks_i[c]]))
+        g.hyps.sort(key=lambda h: -h.score)
+        del g.hyps[kk:]
+
+    # can a running beam still beat the worst finished one?
+    lps = [sp.length_penalty for sp in sps]
+    never = np.array([sp.early_stopping == "never" and lp > 0 for sp, lp in zip(sps, lps)],
+                     dtype=bool)
+    best_len = np.where(never, max_new + forced, generated).tolist()
+    best_den = np.array([float(b) ** lp for b, lp in zip(best_len, lps)]).astype(np.float32)
+    best = scores[:, 0] / best_den
+    full = np.array([len(g.hyps) for g in groups], dtype=np.int64) == k
+    worst = np.array([g.hyps[-1].score if f else _NEG for g, f in zip(groups, full.tolist())],
+                     dtype=np.float32)
+    improvable &= best > worst
+    open_beam = ~(full & es_true)
+    done = ~(improvable & open_beam & ~ends.all(1))
+
+    run_rows = np.take_along_axis(row, run, 1).tolist()
+    run_toks = np.take_along_axis(tok, run, 1).tolist()
+    scores = scores.tolist()
+    if (k != kb).any():  # groups of fewer beams: their first num_beams columns
+        ks = k.tolist()
+        scores = [s[:kk] for s, kk in zip(scores, ks)]
+        run_rows = [r[:kk] for r, kk in zip(run_rows, ks)]
+    for g, imp, d, sc in zip(groups, improvable.tolist(), done.tolist(), scores):
+        g.improvable, g.done, g.scores = imp, d, sc
+    return list(map(list, map(zip, run_rows, run_toks)))  # (zip stops at the shorter)

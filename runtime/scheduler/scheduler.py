@@ -43,7 +43,7 @@ from seq2serve.runtime.messages.io_struct import (
     token_outputs,
 )
 from seq2serve.runtime.messages.model_limits import ModelLimits
-from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.beam_search import BeamGroup, advance_groups
 from seq2serve.runtime.scheduler.grammar_rows import (
     DEAD_END,
     Grammars,
@@ -579,26 +579,31 @@ class Scheduler:
         books; groups at their first step get their rows here, together."""
         values, flat_ids = result.beam_candidates
         parents = result.beam_parent_rows
-        outputs, first_steps, start, row = [], [], 0, 0
+        live, starts, first_rows, start, row = [], [], [], 0, 0
         for g in groups:
-            end, head, n = start + g.keep, g.rows[0], len(g.rows)
+            head = g.rows[0]
             if not head.finished:
                 if head.first_token_time is None:
                     head.first_token_time = now
-                choices = g.advance(values[start:end], flat_ids[start:end],
-                                    self.model_config.vocab_size)
-                if g.done:
-                    outputs += self._finish_beams(g, now)
-                elif n == 1:
-                    first_steps.append((g, choices))
-                else:
-                    if parents[row:row + n] != [row + p for p, _ in choices]:
-                        raise AssertionError(f"beam request {head.rid}: the device chose other "
-                                             f"beams than the host's rules")
-                    grammars = beam_grammars(g, choices)
-                    self.memory.follow_beams(g, choices, len(head.fill_ids))
-                    set_beam_grammars(g, grammars)
-            start, row = end, row + n
+                live.append(g)
+                starts.append(start)
+                first_rows.append(row)
+            start, row = start + g.keep, row + len(g.rows)
+        steps = advance_groups(live, values, flat_ids, self.model_config.vocab_size, starts)
+        outputs, first_steps = [], []
+        for g, choices, row in zip(live, steps, first_rows):
+            n = len(g.rows)
+            if g.done:
+                outputs += self._finish_beams(g, now)
+            elif n == 1:
+                first_steps.append((g, choices))
+            else:
+                if parents[row:row + n] != [row + p for p, _ in choices]:
+                    raise AssertionError(f"beam request {g.rows[0].rid}: the device chose "
+                                         f"other beams than the host's rules")
+                grammars = beam_grammars(g, choices)
+                self.memory.follow_beams(g, choices, len(g.rows[0].fill_ids))
+                set_beam_grammars(g, grammars)
         grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
         for (g, _), grammar in zip(first_steps, grammars):

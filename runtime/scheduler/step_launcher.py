@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from seq2serve.runtime.attention.forward_batch import ForwardMode
@@ -118,24 +119,28 @@ class StepLauncher:
 
     def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
         ps = self.memory.page_size
-        width = max(len(g.stop_ids) for g in groups)
-        stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
-                                 for g in groups], dtype=torch.int64).view(len(groups), width)
+        stop_sets = [g.stop_ids for g in groups]
+        unique = set(stop_sets)
+        width = max(1, max(len(s) for s in unique))
+        if len(unique) == 1:  # (the usual case: one model's EOS)
+            (only,) = unique
+            stop_ids = torch.tensor(sorted(only) + [-1] * (width - len(only)),
+                                    dtype=torch.int64).expand(len(groups), width)
+        else:
+            stop_ids = torch.tensor([sorted(s) + [-1] * (width - len(s)) for s in stop_sets],
+                                    dtype=torch.int64).view(len(groups), width)
         all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
                    .max_new_tokens for g in groups]
-        table_rows, shared_end, copy_len = [], [], []
-        for g in groups:
-            steady = len(g.rows) > 1
-            for r in g.rows:
-                length = r.kv_len + 1 if steady else 0  # positions written after this step
-                table_rows.append(r.req_pool_idx)
-                shared_end.append(length - length % ps)
-                copy_len.append(length % ps)
-        rows = torch.tensor([table_rows, shared_end, copy_len], dtype=torch.int64)
-        rows = rows.to(self.device, non_blocking=True)
         sizes = [len(g.rows) for g in groups]
+        table_rows = np.array([r.req_pool_idx for g in groups for r in g.rows], dtype=np.int64)
+        length = np.array([r.kv_len for g in groups for r in g.rows], dtype=np.int64) + 1
+        length[np.repeat(np.array(sizes) == 1, sizes)] = 0  # (a group's first step: no move)
+        copy_len = length % ps  # positions written in the last page after this step
+        rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
+        copy_width = max(1, int(copy_len.max()))
+        rows = rows.to(self.device, non_blocking=True)
         starts = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
-        return BeamMoves(stop_ids.to(self.device, non_blocking=True),
+        return BeamMoves(stop_ids.contiguous().to(self.device, non_blocking=True),
                          torch.tensor(all_end).to(self.device, non_blocking=True),
-                         rows[0], rows[1], rows[2], max(1, max(copy_len)),
+                         rows[0], rows[1], rows[2], copy_width,
                          starts.to(self.device, non_blocking=True), max(sizes))

@@ -81,10 +81,10 @@ def rows_ahead(running: list[Req], prev: list[Req | None], page_size: int
     they need; None when some running request cannot run so (it has several tokens to
     compute, or is a beam row the step in flight did not run). Requests whose token in flight
     is their last are left out."""
-    in_prev = {id(r) for r in prev if r is not None}
+    in_prev = set(prev)  # (requests hash by identity)
     rows, pages = [], 0
     for r in running:
-        pending = 1 if id(r) in in_prev else 0
+        pending = 1 if r in in_prev else 0
         if not pending and (r.seq_len - r.kv_len != 1 or r.beam is not None):
             return None  # (a beam row reads its running score from the step in flight)
         if len(r.output_ids) + pending < r.sampling_params.max_new_tokens:
@@ -116,14 +116,15 @@ class StepRows:
 def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     """Order `reqs` for one forward; `prev`: the requests of the step in flight whose sampled
     tokens are this step's inputs (None: every input is on the host)."""
-    groups = sorted({id(r.beam): r.beam for r in reqs if r.beam is not None}.values(),
+    groups = sorted(dict.fromkeys(r.beam for r in reqs if r.beam is not None),
                     key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes keep order
     beam_rows = [r for g in groups for r in g.rows]
-    where = {id(r): i for i, r in enumerate(prev or ()) if r is not None}
     others = [r for r in reqs if r.beam is None]
-    fresh = [r for r in others if id(r) not in where]
-    cont = beam_rows + [r for r in others if id(r) in where]
+    where = {r: i for i, r in enumerate(prev or ())}  # (requests hash by identity)
+    where.pop(None, None)  # (rows of the step in flight that sampled nothing)
     if not where:
         return StepRows(beam_rows + others, groups, [])
-    assert all(id(r) in where for r in beam_rows), "beam rows continue the step in flight"
-    return StepRows(cont + fresh, groups, [where[id(r)] for r in cont])
+    fresh = [r for r in others if r not in where]
+    cont = beam_rows + [r for r in others if r in where]
+    assert all(r in where for r in beam_rows), "beam rows continue the step in flight"
+    return StepRows(cont + fresh, groups, [where[r] for r in cont])

@@ -1,0 +1,203 @@
+"""The host's per-step beam books, rewritten for speed, against the code they replaced (kept
+here as references): `StepLauncher._beam_moves` and `step_plan.lay_out` / `rows_ahead`, and
+`RequestMemory.follow_beams` (pages freed, rows' pages and outputs, the group's peak; its
+reference is today's code, for the rewrite to come), on random fake groups (rows sharing page
+prefixes as beams do). No model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.request_memory import RequestMemory
+from seq2serve.runtime.scheduler.step_launcher import StepLauncher
+from seq2serve.runtime.scheduler.step_plan import StepRows, lay_out, rows_ahead
+
+PS = 16
+
+
+class _Allocator:
+    def __init__(self) -> None:
+        self.freed: list[list[int]] = []
+
+    def free(self, pages) -> None:
+        self.freed.append(list(pages))
+
+
+class _Pool:
+    page_size = PS
+
+    def __init__(self) -> None:
+        self.allocator = _Allocator()
+
+
+def _memory() -> RequestMemory:
+    m = RequestMemory.__new__(RequestMemory)
+    m.token_to_kv, m.page_size = _Pool(), PS
+    return m
+
+
+def reference_follow_beams(self, group, choices, length):
+    old = group.rows
+    if all(p == j for j, (p, _) in enumerate(choices)):
+        for row, (_, token) in zip(old, choices):
+            row.output_ids.append(token)
+        return
+    full, pre = length // self.page_size, old[0].prefix_pages
+    pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
+    kept = {pg for own in pages for pg in own[pre:]}
+    self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
+                                           - kept))
+    outputs = [old[p].output_ids + [token] for p, token in choices]
+    for row, own, out in zip(old, pages, outputs):
+        row.kv_pages, row.output_ids = own, out
+    group.peak_pages = max(group.peak_pages, pre + len(kept))
+
+
+def reference_beam_moves(self, groups, pending):
+    ps = self.memory.page_size
+    width = max(len(g.stop_ids) for g in groups)
+    stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
+                             for g in groups], dtype=torch.int64).view(len(groups), width)
+    all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
+               .max_new_tokens for g in groups]
+    table_rows, shared_end, copy_len = [], [], []
+    for g in groups:
+        steady = len(g.rows) > 1
+        for r in g.rows:
+            length = r.kv_len + 1 if steady else 0
+            table_rows.append(r.req_pool_idx)
+            shared_end.append(length - length % ps)
+            copy_len.append(length % ps)
+    sizes = [len(g.rows) for g in groups]
+    return (stop_ids, torch.tensor(all_end), torch.tensor(table_rows), torch.tensor(shared_end),
+            torch.tensor(copy_len), max(1, max(copy_len)),
+            torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0), max(sizes))
+
+
+def reference_rows_ahead(running, prev, page_size):
+    in_prev = {id(r) for r in prev if r is not None}
+    rows, pages = [], 0
+    for r in running:
+        pending = 1 if id(r) in in_prev else 0
+        if not pending and (r.seq_len - r.kv_len != 1 or r.beam is not None):
+            return None
+        if len(r.output_ids) + pending < r.sampling_params.max_new_tokens:
+            rows.append(r)
+            pages += r.kv_len == len(r.kv_pages) * page_size
+    return rows, pages
+
+
+def reference_lay_out(reqs, prev):
+    groups = sorted({id(r.beam): r.beam for r in reqs if r.beam is not None}.values(),
+                    key=lambda g: (len(g.rows), g.keep))
+    beam_rows = [r for g in groups for r in g.rows]
+    where = {id(r): i for i, r in enumerate(prev or ()) if r is not None}
+    others = [r for r in reqs if r.beam is None]
+    fresh = [r for r in others if id(r) not in where]
+    cont = beam_rows + [r for r in others if id(r) in where]
+    if not where:
+        return StepRows(beam_rows + others, groups, [])
+    return StepRows(cont + fresh, groups, [where[id(r)] for r in cont])
+
+
+def make_groups(rng: random.Random, n: int, steady: bool = True) -> list[BeamGroup]:
+    groups, page, idx = [], 0, 0
+    for i in range(n):
+        beams = rng.randint(2, 5)
+        sp = SamplingParams(max_new_tokens=rng.randint(5, 60), num_beams=beams)
+        head = Req(rid=str(i), encoder_input_ids=[5], decoder_input_ids=[0], sampling_params=sp)
+        g = BeamGroup(rows=[head], stop_ids=frozenset(rng.sample(range(9), rng.randint(0, 3))))
+        head.beam = g
+        done, pre = rng.randint(0, 50), rng.randint(0, 1)
+        if steady or rng.random() < 0.7:
+            g.rows += [Req(rid=f"{i}-{j}", encoder_input_ids=[5], decoder_input_ids=[0],
+                           sampling_params=sp) for j in range(1, beams)]
+        own = done // PS + 1 + rng.randint(0, 1)  # (a page added by the next step's launch)
+        base = list(range(page, page + own))
+        page += own
+        for j, r in enumerate(g.rows):
+            r.beam, r.req_pool_idx, r.prefix_pages = g, idx, min(pre, (done + 1) // PS)
+            idx += 1
+            r.output_ids = [rng.randrange(100) for _ in range(done)]
+            r.kv_len = done + 1
+            # shares its first pages with row 0: only full pages (each row's last ones are
+            # its own), and at least the prefix
+            split = rng.randint(r.prefix_pages, min(own, (done + 1) // PS))
+            r.kv_pages = base[:split] + list(range(page, page + own - split)) if j else base
+            page += own - split if j else 0
+        g.peak_pages = rng.randint(0, 3)
+        groups.append(g)
+    return groups
+
+
+def _books(groups):
+    return [([list(r.kv_pages) for r in g.rows], [list(r.output_ids) for r in g.rows],
+             g.peak_pages) for g in groups]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_follow_beams_matches_reference(seed):
+    rng = random.Random(seed)
+    states = []
+    for follow in (RequestMemory.follow_beams, reference_follow_beams):
+        rng.seed(seed)
+        groups, m = make_groups(rng, 60), _memory()
+        for g in groups:
+            k = len(g.rows)
+            if rng.random() < 0.2:
+                choices = [(j, rng.randrange(100)) for j in range(k)]  # every row runs on
+            else:
+                choices = [(rng.randrange(k), rng.randrange(100)) for _ in range(k)]
+            length = g.rows[0].kv_len  # positions written (the head's fill ids)
+            follow(m, g, choices, length)
+        states.append((_books(groups), sorted(p for f in m.token_to_kv.allocator.freed
+                                              for p in f)))
+    assert states[0] == states[1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_beam_moves_matches_reference(seed):
+    rng = random.Random(seed)
+    groups = make_groups(rng, 40, steady=False)
+    if seed % 3 == 0:  # one stop set for all (the usual case)
+        for g in groups:
+            g.stop_ids = frozenset({1})
+    launcher = StepLauncher(None, _memory(), 100, (1,), "cpu")
+    for pending in (0, 1):
+        got = launcher._beam_moves(groups, pending)
+        want = reference_beam_moves(launcher, groups, pending)
+        fields = (got.stop_ids, got.all_end, got.table_rows, got.shared_end, got.copy_len,
+                  got.copy_width, got.starts, got.max_beams)
+        for a, b in zip(fields, want):
+            if isinstance(b, torch.Tensor):
+                assert torch.equal(a, b)
+            else:
+                assert a == b
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_lay_out_and_rows_ahead_match_reference(seed):
+    rng = random.Random(seed)
+    groups = make_groups(rng, 12)
+    plain = [Req(rid=f"p{i}", encoder_input_ids=[5], decoder_input_ids=[0],
+                 sampling_params=SamplingParams(max_new_tokens=rng.randint(1, 9)))
+             for i in range(15)]
+    for r in plain:
+        r.output_ids = [3] * rng.randint(0, 8)
+        r.kv_len = len(r.fill_ids) - rng.choice([0, 1])
+        r.kv_pages = [0] * rng.randint(0, 2)
+    reqs = [r for g in groups for r in g.rows] + plain
+    rng.shuffle(reqs)
+    partly = [r if r.beam is not None or rng.random() < 0.7 else None for r in reqs]
+    cases = (None, [], [None, None], reqs, partly, rng.sample(reqs, len(reqs)))
+    for prev in cases:
+        a, b = lay_out(reqs, prev), reference_lay_out(reqs, prev)
+        assert (a.reqs, a.groups, a.prev_rows) == (b.reqs, b.groups, b.prev_rows)
+        for p in (prev or [], reqs):
+            assert rows_ahead(reqs, p, PS) == reference_rows_ahead(reqs, p, PS)
