@@ -191,15 +191,21 @@ def test_bad_grammars_are_a_400_naming_the_field(client, kwargs, param, why):
 
 
 # --- the masks, step by step, against xgrammar's reference matcher and HF's logits ---------
-def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, overlap):
+    """With the overlap schedule, the grammar rows' steps are launched before the host has
+    read their last tokens, and their masks are filled late (while the forward runs): the
+    masks and tokens must be the same as when every step waits, and a plain request beside
+    them keeps its tokens."""
     from transformers import LlamaForCausalLM
 
     import seq2serve.runtime.scheduler.step_launcher as launcher
 
-    s = make_scheduler(llama_dir)
+    s = make_scheduler(llama_dir, disable_overlap_schedule=not overlap)
     tok, vocab = s.tokenizer, s.model_config.vocab_size
     masks: dict[str, list[torch.Tensor]] = {"schema": [], "ebnf": []}
     fill = launcher.grammar_masks
+    late = []
 
     def recording(reqs, vocab_size):
         out = fill(reqs, vocab_size)
@@ -207,14 +213,25 @@ def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch):
             masks[reqs[i].rid].append(out[1][i].clone())
         return out
 
+    def completing(self, f):
+        late.append(f.late is not None)
+        return complete(self, f)
+
+    complete = launcher.StepLauncher.complete
     monkeypatch.setattr(launcher, "grammar_masks", recording)
+    monkeypatch.setattr(launcher.StepLauncher, "complete", completing)
     prompt = tok.encode("JSON:")
     grammars = {"schema": ("json_schema", json.dumps(PERSON)), "ebnf": ("ebnf", EBNF)}
     for rid, (kind, text) in grammars.items():
         sp = SamplingParams.from_dict({"max_new_tokens": 60, "temperature": 0, kind: text})
         s.add_request(TokenizedRequest(rid=rid, encoder_input_ids=[], decoder_input_ids=prompt,
                                        sampling_params=sp))
+    free = SamplingParams.from_dict({"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
+    s.add_request(TokenizedRequest(rid="free", encoder_input_ids=[], decoder_input_ids=prompt,
+                                   sampling_params=free))
     out = run_to_completion(s)
+    # the overlap schedule stayed on: nearly every decode step filled its masks late
+    assert (sum(late) > 0.8 * len(out["schema"])) if overlap else not any(late)
 
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab,
                                               stop_token_ids=list(s.eos_ids))
@@ -222,13 +239,21 @@ def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch):
     hf = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
     special = torch.zeros(vocab, dtype=torch.bool)
     special[tok.all_special_ids] = True
+    with torch.no_grad():
+        ids = prompt + out["free"]
+        logits = hf(torch.tensor([ids])).logits[0, len(prompt) - 1:-1]
+    assert out["free"] == logits.argmax(-1).tolist()  # the plain neighbour: HF's greedy tokens
     for rid, (kind, text) in grammars.items():
         tokens = out[rid]
         ref = xgr.GrammarMatcher(compiler.compile_json_schema(text, any_whitespace=False)
                                  if kind == "json_schema" else compiler.compile_grammar(text))
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:]
-        assert len(masks[rid]) == len(tokens) and tokens[-1] in s.eos_ids
+        assert tokens[-1] in s.eos_ids
+        # run ahead, a step after the last one was launched before its EOS was read: its
+        # mask (the matcher terminated) allows everything, and its token is dropped
+        extra = masks[rid][len(tokens):]
+        assert len(extra) == (1 if overlap else 0) and all((m == -1).all() for m in extra)
         bitmask = xgr.allocate_token_bitmask(1, vocab)
         for k, token in enumerate(tokens):
             ref.fill_next_token_bitmask(bitmask)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -157,19 +158,24 @@ class ModelRunner:
         return new
 
     @torch.inference_mode()
-    def forward(self, b: DecoderBatch) -> StepOutput:
+    def forward(self, b: DecoderBatch, defer: bool = False
+                ) -> StepOutput | Callable[[], StepOutput]:
+        """One decoder step: the forward, then the sampler. `defer`: queue the forward only and
+        return the call that queues the sampler, for the host to finish filling `b.sampling`
+        (the grammar masks) while the device runs the forward; until it is called nothing
+        else may run on the model (a CUDA graph's logits live in its output buffer)."""
         # timing: the device reaches this event when done with the step before
         started = torch.cuda.Event(enable_timing=True) if self.device.startswith("cuda") else None
         if self.graph_runner is not None:
             if self.graph_runner.can_run(b):
                 logits, greedy = self.graph_runner.replay(b, started)
-                return self._sample(logits, greedy, b, started)
+                return self._then_sample(defer, logits, greedy, b, started)
             if self.graph_runner.can_run_prefill(b):
                 rows, last = decode_rows(b)
                 logits, greedy = self.graph_runner.replay(rows, started)
                 scored = self._input_logprobs(b, lambda r: logits[r])  # a row per new token
                 last = last.to(logits.device, non_blocking=True)
-                return self._sample(logits[last], greedy[last], b, started, scored)
+                return self._then_sample(defer, logits[last], greedy[last], b, started, scored)
         if started is not None:
             started.record()
         fb = to_forward_batch(b, self.device, self.pools, self.attn_backend)
@@ -181,7 +187,26 @@ class ModelRunner:
         last = torch.cumsum(fb.extend_lens.long(), 0) - 1  # each request's last token
         scored = self._input_logprobs(b, lambda r: self.model.compute_logits(hidden[r]))
         logits = self.model.compute_logits(hidden[last])
-        return self._sample(logits, None, b, started, scored)
+        return self._then_sample(defer, logits, None, b, started, scored)
+
+    def _then_sample(self, defer: bool, *args) -> StepOutput | Callable[[], StepOutput]:
+        if not defer:
+            return self._sample(*args)
+        timed = self.device.startswith("cuda")
+        forward_done = torch.cuda.Event(enable_timing=True) if timed else None
+        if timed:
+            forward_done.record()
+
+        @torch.inference_mode()
+        def sample() -> StepOutput:
+            if not timed:
+                return self._sample(*args)
+            sampling = torch.cuda.Event(enable_timing=True)
+            sampling.record()  # (the device waited for the host from forward_done to here)
+            out = self._sample(*args)
+            out.idle = (forward_done, sampling)
+            return out
+        return sample
 
     def _input_logprobs(self, b: DecoderBatch, logits_of) -> torch.Tensor | None:
         """The float32 log-probs of the batch's scored input tokens; `logits_of(rows)` gives

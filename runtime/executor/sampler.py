@@ -53,6 +53,9 @@ class StepOutput:
     _host: tuple = field(default=(), repr=False)
     _event: torch.cuda.Event | None = field(default=None, repr=False)
     started: torch.cuda.Event | None = field(default=None, repr=False)
+    # a step sampled late (ModelRunner.forward(defer=True)): the device's wait between its
+    # forward's end and its sampler's start, left out of device_seconds
+    idle: tuple[torch.cuda.Event, torch.cuda.Event] | None = field(default=None, repr=False)
 
     def _tensors(self) -> tuple:
         return (self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs,
@@ -81,7 +84,10 @@ class StepOutput:
         if self._event is not None:
             self._event.synchronize()
             if self.started is not None:
-                self.device_seconds = self.started.elapsed_time(self._event) / 1e3
+                busy = self.started.elapsed_time(self._event)
+                if self.idle is not None:
+                    busy -= self.idle[0].elapsed_time(self.idle[1])
+                self.device_seconds = busy / 1e3
         (ids, logprobs, top_ids, top_vals, beam_values, beam_ids, parents,
          input_logprobs) = self._host or self._tensors()
         self.token_ids = ids.tolist()

@@ -99,7 +99,8 @@ class SamplingBatch:
         model's forced_eos_token_id(s), forced on a row's last token. `begin_suppressed`:
         tokens banned as a row's first generated token (HF's
         SuppressTokensAtBeginLogitsProcessor: Whisper's begin_suppress_tokens). `grammar`: the
-        grammar rows and their host bitmask (`grammar_rows`, `grammar_mask`).
+        grammar rows and their host bitmask (`grammar_rows`, `grammar_mask`; a mask of None is
+        filled later, before the sampler runs: `StepLauncher.complete`).
         `timestamp_tokens`: the model's, for the rows whose sampling params ask for
         timestamps (Whisper)."""
         sps = [r.sampling_params for r in reqs]
@@ -178,7 +179,8 @@ class SamplingBatch:
             want_logprobs=any(r.return_logprob for r in reqs),
             top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
             grammar_rows=list(grammar[0]) if grammar else None,
-            grammar_mask=grammar[1].to(device, non_blocking=True) if grammar else None,
+            grammar_mask=grammar[1].to(device, non_blocking=True)
+            if grammar and grammar[1] is not None else None,
             timestamps=stamps if stamped else None,
             **(beams or {}),
         )

@@ -9,6 +9,8 @@ tp_size 1 nothing of that exists."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from seq2serve.models.cpu_ops import cached_gemm_shapes
@@ -67,3 +69,17 @@ class ModelWorker:
         if self.ranks is not None:
             self.ranks.send("forward", batch)
         return self.model_runner.forward(batch).copy_to_host()
+
+    @property
+    def late_sampling(self) -> bool:
+        """Whether `launch_forward` is available: at tp_size 1 (the other ranks sample from
+        the batch they were sent, which would need the late fields sent after it)."""
+        return self.ranks is None
+
+    def launch_forward(self, batch: DecoderBatch) -> Callable[[], StepOutput]:
+        """`launch` in two halves: the forward is queued now; the returned call queues the
+        sampler, with what the host has filled into `batch.sampling` meanwhile (the grammar
+        masks of rows whose last token was still on the device), and the copy to the host."""
+        assert self.ranks is None, "late sampling runs at tp_size 1"
+        sample = self.model_runner.forward(batch, defer=True)
+        return lambda: sample().copy_to_host()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -31,7 +32,8 @@ _LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 
 class GrammarCache:
     """Compiled grammars by (kind, text), least recently used dropped past `capacity`.
-    Lives in the scheduler process (the matchers are the scheduler's)."""
+    Lives in the scheduler process (the matchers are the scheduler's); compiles run on its
+    compile thread (runtime/scheduler/grammar_compiles.py)."""
 
     def __init__(self, tokenizer, vocab_size: int, capacity: int = 256) -> None:
         self.pieces = token_bytes(tokenizer, vocab_size)
@@ -42,19 +44,28 @@ class GrammarCache:
         self.capacity = capacity
         self._compiled: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
         self.hits = self.misses = 0
+        self._lock = threading.Lock()
+
+    def has(self, kind: str, text: str) -> bool:
+        with self._lock:
+            return (kind, text) in self._compiled
 
     def compiled(self, kind: str, text: str) -> xgr.CompiledGrammar:
+        """Thread-safe: a compile thread may run this while the scheduler's loop takes hits
+        (one compile at a time: the compiler runs on one thread)."""
         key = (kind, text)
-        found = self._compiled.get(key)
-        if found is not None:
-            self.hits += 1
-            self._compiled.move_to_end(key)
-            return found
-        self.misses += 1
-        grammar = self._compile(kind, text)
-        self._compiled[key] = grammar
-        if len(self._compiled) > self.capacity:
-            self._compiled.popitem(last=False)
+        with self._lock:
+            found = self._compiled.get(key)
+            if found is not None:
+                self.hits += 1
+                self._compiled.move_to_end(key)
+                return found
+            self.misses += 1
+        grammar = self._compile(kind, text)  # (outside the lock: the loop goes on)
+        with self._lock:
+            self._compiled[key] = grammar
+            if len(self._compiled) > self.capacity:
+                self._compiled.popitem(last=False)
         return grammar
 
     def matcher(self, kind: str, text: str, stop_ids: tuple[int, ...]) -> RowGrammar:

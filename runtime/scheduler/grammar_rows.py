@@ -3,10 +3,12 @@ with a grammar holds a matcher (`Req.grammar`), made when the request arrives; b
 is launched the host fills the token bitmask of the batch's grammar rows, and after the step
 is read each row accepts its token.
 
-The mask of a step needs the token of the step before, so a batch with a grammar row does not
-run ahead of the host: such requests read every generated token (`Req.reads_history`), as
-penalties do, and the overlap schedule waits for each step while one of them runs
-(docs/grammar.md has the cost and the design that would keep the overlap).
+The mask of a step needs the token of the step before. In the overlap schedule a step is
+launched before the host has read the one in flight, so its grammar rows' masks are filled
+late: the forward is queued at launch, the host reads the step before (the matchers take
+their tokens), fills the masks and then queues the sampler (`StepLauncher.complete`), while
+the device runs the forward. With tensor parallelism (the other ranks sample from the batch
+they were sent) grammar rows keep every step waiting for the one before.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ DEAD_END = ("the grammar allows no token of this model's vocabulary at this poin
 
 class Grammars:
     """The scheduler's grammar cache, made at the first request with a grammar (reading the
-    vocabulary takes ~0.7 s for 128k tokens)."""
+    vocabulary takes ~0.7 s for 128k tokens). `row` may run on a compile thread
+    (grammar_compiles.py) while the loop calls `cached_row`."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> None:
         self.tokenizer = tokenizer
@@ -43,10 +46,20 @@ class Grammars:
                              f"directory has none")
         if self.cache is None:
             self.cache = GrammarCache(self.tokenizer, self.vocab_size)
+        return self.cache.matcher(*sp.grammar, self._stops(sp))
+
+    def cached_row(self, sp: SamplingParams) -> RowGrammar | None:
+        """`row(sp)` when its grammar is compiled already (no compile on the caller's thread),
+        else None."""
+        cache = self.cache
+        if sp.grammar is None or cache is None or not cache.has(*sp.grammar):
+            return None
+        return cache.matcher(*sp.grammar, self._stops(sp))
+
+    def _stops(self, sp: SamplingParams) -> tuple[int, ...]:
         # the model's EOS ends a grammar's output even with ignore_eos: the grammar decides
         # where the output may end, and nothing may follow its end
-        stops = set(sp.stop_token_ids) | set(self.eos_ids)
-        return self.cache.matcher(*sp.grammar, tuple(sorted(stops)))
+        return tuple(sorted(set(sp.stop_token_ids) | set(self.eos_ids)))
 
     def stats(self) -> dict[str, int]:
         c = self.cache

@@ -44,6 +44,7 @@ from seq2serve.runtime.messages.io_struct import (
 )
 from seq2serve.runtime.messages.model_limits import ModelLimits
 from seq2serve.runtime.scheduler.beam_search import BeamGroup, advance_groups
+from seq2serve.runtime.scheduler.grammar_compiles import GrammarCompiles
 from seq2serve.runtime.scheduler.grammar_rows import (
     DEAD_END,
     Grammars,
@@ -96,6 +97,9 @@ class Executor(Protocol):
     def forward_encode(self, batch: EncodeBatch) -> torch.Tensor | None:
         """Write the cross K/V of an ENCODE batch; returns the new encoder outputs, packed."""
 
+    # optional (`ModelWorker` has them): `late_sampling` True and `launch_forward(batch)`,
+    # `launch` in two halves, which lets grammar rows run in the overlap schedule
+
 
 class Scheduler:
     def __init__(self, args: ServerArgs, model_config: ModelConfig, tokenizer=None,
@@ -145,6 +149,8 @@ class Scheduler:
         self.max_batch: dict[str, int] = {}
         self.num_retractions = 0
         self.overlap = not args.disable_overlap_schedule
+        # grammar rows run ahead where the executor can sample a step after its forward
+        self.late_masks = getattr(self.worker, "late_sampling", False)
         self.wait_seconds = 0.0
         self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
         self.in_flight: InFlight | None = None
@@ -159,6 +165,7 @@ class Scheduler:
                                      timestamp_tokens=model_config.timestamp_tokens)
         self.notices: list[TokenOutput] = []  # requests refused at admission
         self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids)
+        self.compiles = GrammarCompiles(self.grammars)  # requests whose grammar compiles
 
     # --- requests in -------------------------------------------------------------------------
     def add_request(self, tr: TokenizedRequest) -> None:
@@ -192,9 +199,8 @@ class Scheduler:
             encoder_inputs=list(tr.encoder_inputs), cross_spans=tr.cross_spans, user=tr.user,
             beam_rids=list(tr.beam_rids) if tr.beam_rids else None, embed=tr.embed,
         )
-        req.grammar = self.grammars.row(sp)  # compiled (or cached) now: a bad one is refused
         if sp.is_beam:  # (a grammar's end is an EOS even with ignore_eos: grammar_rows.py)
-            ignored = sp.ignore_eos and req.grammar is None
+            ignored = sp.ignore_eos and sp.grammar is None
             stops = set(sp.stop_token_ids) | (set() if ignored else set(self.eos_ids))
             req.beam = BeamGroup(rows=[req], stop_ids=frozenset(stops),
                                  forced=tr.decoder_forced)
@@ -206,7 +212,20 @@ class Scheduler:
         # prefixes, the encoder inputs they were computed under
         user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
         req.namespace = (user_ns, *(seg.key for seg in req.segments))
-        self.waiting.push(req, tr.group or tr.rid)
+        # its matcher now if its grammar is compiled; else it waits for the compile thread
+        if self.compiles.start(req, tr.group or tr.rid):
+            self.waiting.push(req, tr.group or tr.rid)
+
+    def _take_compiled(self) -> None:
+        """Queue the requests whose grammars have compiled; refuse those whose did not."""
+        for c, error in self.compiles.finished():
+            if error is None:
+                self.waiting.push(c.req, c.group)
+            else:
+                message = str(error)
+                self.notices.append(TokenOutput(rid=c.req.rid, new_token_ids=[], error=message,
+                                                finished_reason={"type": "abort",
+                                                                 "message": message}))
 
     def _check_beam_request(self, tr: TokenizedRequest) -> None:
         sp = tr.sampling_params
@@ -234,7 +253,9 @@ class Scheduler:
         req = self.find(rid)
         if req is None:
             return None
-        if req in self.waiting:
+        if self.compiles.drop(req):
+            pass  # its grammar was still compiling: not queued yet, nothing held
+        elif req in self.waiting:
             self.waiting.remove(req)
         elif req is self.chunked:  # (a chunk in flight is not processed: it is finished)
             self.chunked = None
@@ -254,7 +275,8 @@ class Scheduler:
 
     def find(self, rid: str) -> Req | None:
         """The request of `rid` (for a beam request: of any of its result rids)."""
-        for reqs in (self.running, self.waiting, [self.chunked] if self.chunked else []):
+        for reqs in (self.running, self.waiting, [self.chunked] if self.chunked else [],
+                     self.compiles):
             for r in reqs:
                 if r.rid == rid or (r.beam_rids is not None and rid in r.beam_rids):
                     return r.beam.rows[0] if r.beam is not None else r
@@ -264,7 +286,7 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.in_flight or self.notices
-                    or self.chunked)
+                    or self.chunked or self.compiles)
 
     def step(self) -> list[TokenOutput]:
         """`step_items()` with every output a TokenOutput (what an in-process caller reads)."""
@@ -281,6 +303,10 @@ class Scheduler:
         a request drains nothing: its encoder pass is queued behind the step in flight, and
         it becomes a row of the next decode step (`step_plan.joins_decode`) or, with a longer
         decoder prompt, of an EXTEND launched before the step in flight is read."""
+        if self.compiles:
+            if not (self.waiting or self.running or self.in_flight or self.chunked):
+                self.compiles.wait(0.01)  # nothing else to do: no spinning meanwhile
+            self._take_compiled()
         outputs = self._step()
         if self.notices:
             outputs, self.notices = self.notices + outputs, []
@@ -339,7 +365,7 @@ class Scheduler:
         host waiting."""
         chunk = self._chunk(admitted)
         part = chunk[0] if chunk is not None else None
-        if self.overlap and overlappable(admitted):
+        if self.overlap and overlappable(admitted, self.late_masks):
             launched = self._launch(ForwardMode.EXTEND, admitted, chunk=chunk)
             outputs = self._flush()
             self.in_flight = launched
@@ -356,21 +382,25 @@ class Scheduler:
 
     def _decode_step(self) -> list[OutputItem]:
         prev = self.in_flight
-        if self.overlap and prev is not None and overlappable(self.running):
+        if self.overlap and prev is not None and overlappable(self.running, self.late_masks):
             # each running request was in `prev` (one token the host has not seen, on the
             # device) or is fresh (one token to compute, on the host: its last token read, or
             # just admitted)
             ahead = rows_ahead(self.running, prev.batch.sampled, self.memory.page_size)
             if ahead is not None and ahead[0] and self.memory.make_room(ahead[1]):
                 self.in_flight = self._launch(ForwardMode.DECODE, ahead[0], prev=prev)
-                return self._resolve(prev)
+                outputs = self._resolve(prev)
+                # its grammar rows' masks, now that their last tokens are read (the device
+                # runs the forward meanwhile)
+                self.launcher.complete(self.in_flight)
+                return outputs
         outputs = self._flush()
         if not self.running:
             return outputs
         self._make_room_for_decode()
         if not self.running:
             return outputs
-        if self.overlap and overlappable(self.running):
+        if self.overlap and overlappable(self.running, self.late_masks):
             self.in_flight = self._launch(ForwardMode.DECODE, list(self.running))
             return outputs
         return outputs + self._run(ForwardMode.DECODE, list(self.running))
@@ -466,6 +496,7 @@ class Scheduler:
         return launched
 
     def _resolve(self, f: InFlight) -> list[OutputItem]:
+        assert f.pending is not None, "a step with late grammar masks is completed first"
         start = time.perf_counter()
         result = f.pending.wait()
         self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
@@ -690,7 +721,7 @@ class Scheduler:
             # per forward mode (extend, decode, encode): forwards run, largest batch
             "forwards_by_mode": dict(self.forwards), "max_batch_by_mode": dict(self.max_batch),
             "retractions": self.num_retractions,
-            **self.grammars.stats(),
+            **self.grammars.stats(), "grammar_compiling": len(self.compiles),
             "host_wait_seconds": self.wait_seconds,
             "device_busy_seconds": self.device_seconds,
             **self.memory.usage(),

@@ -9,6 +9,7 @@ straight from the device; fresh rows take their input from the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,10 @@ class InFlight:
     """A batch launched on the device whose sampled tokens the host has not processed yet."""
 
     batch: ScheduleBatch
-    pending: StepOutput  # its copy to the host queued
+    pending: StepOutput | None  # its copy to the host queued (None until `late` is called)
+    # a step whose grammar masks need tokens the host has not read yet: its forward is queued,
+    # and this call queues its sampler once the masks are filled (`StepLauncher.complete`)
+    late: Callable[[], StepOutput] | None = None
 
 
 class StepLauncher:
@@ -70,14 +74,16 @@ class StepLauncher:
                 order = torch.tensor(rows.prev_rows, device=input_ids.device)
                 input_ids = input_ids[order]
         pending = rows.pending
-        sampling = None  # plain greedy for all: the argmax, nothing to build
+        sampling, late = None, False  # plain greedy for all: the argmax, nothing to build
         if not all(plain_greedy(r, p, self.forced_eos, self.begin_suppressed)
                    for r, p in zip(rows.reqs, pending)):
             beams = (self._beam_layout(rows.groups, mode, prev, order) if rows.groups
                      else None)
-            grammar = grammar_masks(rows.reqs, self.vocab_size)
-            assert grammar is None or not any(pending[i] for i in grammar[0]), \
-                "a grammar row's mask needs its last token: it never runs ahead of the host"
+            # a grammar row's mask needs its last token: if that is still on the device, the
+            # masks are filled once the host has read it (`complete`), while the forward runs
+            marked = [i for i, r in enumerate(rows.reqs) if r.grammar is not None]
+            late = any(pending[i] for i in marked)
+            grammar = (marked, None) if late else grammar_masks(rows.reqs, self.vocab_size)
             sampling = SamplingBatch.from_reqs(rows.reqs, self.vocab_size, self.eos_ids,
                                                self.device, pending=pending, beams=beams,
                                                forced_eos=self.forced_eos,
@@ -91,7 +97,21 @@ class StepLauncher:
         wb: DecoderBatch = batch.worker_batch
         wb.input_ids_device = input_ids  # the first rows' inputs; the rest are on the host
         batch.beam_groups = rows.groups
+        if late:
+            return InFlight(batch, None, self.executor.launch_forward(wb))
         return InFlight(batch, self.executor.launch(wb))
+
+    def complete(self, f: InFlight) -> None:
+        """Queue the sampler of a step launched with late grammar masks, now that the host has
+        read the step before it (its rows' matchers have taken their last tokens): the masks
+        are filled, copied to the device, and the step's sampling and copy back queued."""
+        if f.late is None:
+            return
+        rows, mask = grammar_masks(f.batch.reqs, self.vocab_size)
+        sampling = f.batch.worker_batch.sampling
+        assert rows == sampling.grammar_rows, "the grammar rows were fixed at launch"
+        sampling.grammar_mask = mask.to(self.device, non_blocking=True)
+        f.pending, f.late = f.late(), None
 
     def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
                      order: torch.Tensor | None) -> dict:

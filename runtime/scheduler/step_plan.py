@@ -52,13 +52,15 @@ def chunk_end(r: Req, budget: int) -> int:
     return min(r.seq_len, r.kv_len + max(1, budget))
 
 
-def overlappable(reqs: list[Req]) -> bool:
+def overlappable(reqs: list[Req], late_masks: bool = False) -> bool:
     """Whether a step of these requests may be launched before the host has read the step
     before. Penalties and n-gram bans read every generated token, and a beam group's first
     step spawns its rows on the host (past its first step the device chooses its beams,
-    beam_step.py)."""
+    beam_step.py). A grammar row's mask needs its last token too: it may run ahead where the
+    executor can queue a step's sampler after its forward (`late_masks`: the masks are
+    filled while the forward runs, StepLauncher.complete)."""
     return not any(r.reads_history or (r.beam is not None and len(r.beam.rows) == 1)
-                   for r in reqs)
+                   or (r.grammar is not None and not late_masks) for r in reqs)
 
 
 def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
