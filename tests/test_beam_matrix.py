@@ -155,6 +155,9 @@ def check_matrix(model_path: str, abs_tol: float, rel_tol: float = 1e-5,
                 got[o.rid] = (o.new_token_ids, o.extra["beam_score"])
             sched.check_integrity()
         results.append(got)
+        if overlap and any(c[4] or c[5] for *_, c in plans):  # n-gram bans, penalties
+            # their beam rows stayed in the overlap: sampling fields made after the launch
+            assert sched.stats()["late_sampling_steps"] > 0
     assert results[0] == results[1], "the overlap schedule changed a result"
 
     lengths = set()

@@ -88,12 +88,12 @@ class Req:
     def __post_init__(self) -> None:
         sp = self.sampling_params
         # fixed for the request's life; the scheduler checks them every step. Penalties, n-gram
-        # bans and Whisper's timestamp rules read every generated token: no step can run ahead
-        # of the host. (A grammar's mask reads them too, but is filled late: step_plan.py.)
+        # bans, grammars and Whisper's timestamp rules read every generated token: a step that
+        # runs ahead of the host makes their sampling fields late (step_plan.overlappable)
         self.reads_history = (sp.has_penalties or sp.no_repeat_ngram_size > 0
-                              or sp.timestamps)
+                              or sp.grammar is not None or sp.timestamps)
         self.plain_greedy = (sp.is_greedy and not sp.is_beam and not self.reads_history
-                             and sp.grammar is None and not self.return_logprob)
+                             and not self.return_logprob)
 
     @property
     def fill_ids(self) -> list[int]:

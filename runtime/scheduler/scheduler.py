@@ -98,7 +98,8 @@ class Executor(Protocol):
         """Write the cross K/V of an ENCODE batch; returns the new encoder outputs, packed."""
 
     # optional (`ModelWorker` has them): `late_sampling` True and `launch_forward(batch)`,
-    # `launch` in two halves, which lets grammar rows run in the overlap schedule
+    # `launch` in two halves, which lets rows with grammars, penalties or n-gram bans run in
+    # the overlap schedule
 
 
 class Scheduler:
@@ -149,8 +150,9 @@ class Scheduler:
         self.max_batch: dict[str, int] = {}
         self.num_retractions = 0
         self.overlap = not args.disable_overlap_schedule
-        # grammar rows run ahead where the executor can sample a step after its forward
-        self.late_masks = getattr(self.worker, "late_sampling", False)
+        # rows whose sampling reads every generated token run ahead where the executor can
+        # sample a step after its forward (step_plan.overlappable)
+        self.late_sampling = getattr(self.worker, "late_sampling", False)
         self.wait_seconds = 0.0
         self.device_seconds = 0.0  # the device's busy time on decoder forwards (CUDA events)
         self.in_flight: InFlight | None = None
@@ -365,7 +367,7 @@ class Scheduler:
         host waiting."""
         chunk = self._chunk(admitted)
         part = chunk[0] if chunk is not None else None
-        if self.overlap and overlappable(admitted, self.late_masks):
+        if self.overlap and overlappable(admitted, self.late_sampling):
             launched = self._launch(ForwardMode.EXTEND, admitted, chunk=chunk)
             outputs = self._flush()
             self.in_flight = launched
@@ -382,7 +384,7 @@ class Scheduler:
 
     def _decode_step(self) -> list[OutputItem]:
         prev = self.in_flight
-        if self.overlap and prev is not None and overlappable(self.running, self.late_masks):
+        if self.overlap and prev is not None and overlappable(self.running, self.late_sampling):
             # each running request was in `prev` (one token the host has not seen, on the
             # device) or is fresh (one token to compute, on the host: its last token read, or
             # just admitted)
@@ -390,8 +392,9 @@ class Scheduler:
             if ahead is not None and ahead[0] and self.memory.make_room(ahead[1]):
                 self.in_flight = self._launch(ForwardMode.DECODE, ahead[0], prev=prev)
                 outputs = self._resolve(prev)
-                # its grammar rows' masks, now that their last tokens are read (the device
-                # runs the forward meanwhile)
+                # the sampling fields that read the rows' last tokens (grammar masks,
+                # penalties, n-gram bans), now that the host has them (the device runs the
+                # forward meanwhile)
                 self.launcher.complete(self.in_flight)
                 return outputs
         outputs = self._flush()
@@ -400,7 +403,7 @@ class Scheduler:
         self._make_room_for_decode()
         if not self.running:
             return outputs
-        if self.overlap and overlappable(self.running, self.late_masks):
+        if self.overlap and overlappable(self.running, self.late_sampling):
             self.in_flight = self._launch(ForwardMode.DECODE, list(self.running))
             return outputs
         return outputs + self._run(ForwardMode.DECODE, list(self.running))
@@ -722,6 +725,7 @@ class Scheduler:
             "forwards_by_mode": dict(self.forwards), "max_batch_by_mode": dict(self.max_batch),
             "retractions": self.num_retractions,
             **self.grammars.stats(), "grammar_compiling": len(self.compiles),
+            "late_sampling_steps": self.launcher.late_steps,
             "host_wait_seconds": self.wait_seconds,
             "device_busy_seconds": self.device_seconds,
             **self.memory.usage(),

@@ -38,9 +38,11 @@ class InFlight:
 
     batch: ScheduleBatch
     pending: StepOutput | None  # its copy to the host queued (None until `late` is called)
-    # a step whose grammar masks need tokens the host has not read yet: its forward is queued,
-    # and this call queues its sampler once the masks are filled (`StepLauncher.complete`)
+    # a step whose sampling reads tokens the host has not read yet (grammar masks, penalties,
+    # n-gram bans): its forward is queued, and this call queues its sampler once its sampling
+    # batch is made again (`StepLauncher.complete`), with the beam fields of its launch
     late: Callable[[], StepOutput] | None = None
+    beams: dict | None = None
 
 
 class StepLauncher:
@@ -57,6 +59,7 @@ class StepLauncher:
         self.forced_eos = forced_eos  # the model's forced_eos_token_id(s)
         self.begin_suppressed = begin_suppressed  # tokens never a request's first (Whisper)
         self.timestamp_tokens = timestamp_tokens  # Whisper's, for rows with timestamps
+        self.late_steps = 0  # steps whose sampling was made after their launch (stats)
 
     def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
                chunk: tuple[Req, int] | None = None) -> InFlight:
@@ -74,22 +77,16 @@ class StepLauncher:
                 order = torch.tensor(rows.prev_rows, device=input_ids.device)
                 input_ids = input_ids[order]
         pending = rows.pending
-        sampling, late = None, False  # plain greedy for all: the argmax, nothing to build
+        sampling, late, beams = None, False, None  # plain greedy: the argmax, nothing to build
         if not all(plain_greedy(r, p, self.forced_eos, self.begin_suppressed)
                    for r, p in zip(rows.reqs, pending)):
             beams = (self._beam_layout(rows.groups, mode, prev, order) if rows.groups
                      else None)
-            # a grammar row's mask needs its last token: if that is still on the device, the
-            # masks are filled once the host has read it (`complete`), while the forward runs
-            marked = [i for i, r in enumerate(rows.reqs) if r.grammar is not None]
-            late = any(pending[i] for i in marked)
-            grammar = (marked, None) if late else grammar_masks(rows.reqs, self.vocab_size)
-            sampling = SamplingBatch.from_reqs(rows.reqs, self.vocab_size, self.eos_ids,
-                                               self.device, pending=pending, beams=beams,
-                                               forced_eos=self.forced_eos,
-                                               begin_suppressed=self.begin_suppressed,
-                                               grammar=grammar,
-                                               timestamp_tokens=self.timestamp_tokens)
+            # grammar masks, penalties and n-gram bans read every generated token: if a row's
+            # last one is still on the device, they are made once the host has read it
+            # (`complete`), while the forward runs
+            late = any(p and r.reads_history for r, p in zip(rows.reqs, pending))
+            sampling = self._sampling(rows.reqs, pending, beams, late)
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling)
         else:
@@ -98,20 +95,32 @@ class StepLauncher:
         wb.input_ids_device = input_ids  # the first rows' inputs; the rest are on the host
         batch.beam_groups = rows.groups
         if late:
-            return InFlight(batch, None, self.executor.launch_forward(wb))
+            return InFlight(batch, None, self.executor.launch_forward(wb), beams)
         return InFlight(batch, self.executor.launch(wb))
 
     def complete(self, f: InFlight) -> None:
-        """Queue the sampler of a step launched with late grammar masks, now that the host has
-        read the step before it (its rows' matchers have taken their last tokens): the masks
-        are filled, copied to the device, and the step's sampling and copy back queued."""
+        """Queue the sampler of a step launched with late sampling fields, now that the host
+        has read the step before it (its rows' last tokens are in their outputs, their
+        matchers have taken them): the sampling batch is made again from the requests, as a
+        step launched after that read would have it (the beam fields kept: they came from the
+        device), and the step's sampling and copy back queued."""
         if f.late is None:
             return
-        rows, mask = grammar_masks(f.batch.reqs, self.vocab_size)
-        sampling = f.batch.worker_batch.sampling
-        assert rows == sampling.grammar_rows, "the grammar rows were fixed at launch"
-        sampling.grammar_mask = mask.to(self.device, non_blocking=True)
+        wb = f.batch.worker_batch
+        wb.sampling = self._sampling(f.batch.reqs, 0, f.beams, False)
         f.pending, f.late = f.late(), None
+        self.late_steps += 1
+
+    def _sampling(self, reqs: list[Req], pending: int | list[int], beams: dict | None,
+                  late: bool) -> SamplingBatch:
+        """The step's sampling batch; `late`: the grammar masks are left unfilled (and the
+        history-read fields are made again by `complete`)."""
+        marked = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        grammar = (marked, None) if late and marked else grammar_masks(reqs, self.vocab_size)
+        return SamplingBatch.from_reqs(reqs, self.vocab_size, self.eos_ids, self.device,
+                                       pending=pending, beams=beams, forced_eos=self.forced_eos,
+                                       begin_suppressed=self.begin_suppressed, grammar=grammar,
+                                       timestamp_tokens=self.timestamp_tokens)
 
     def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
                      order: torch.Tensor | None) -> dict:

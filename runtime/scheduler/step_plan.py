@@ -52,15 +52,17 @@ def chunk_end(r: Req, budget: int) -> int:
     return min(r.seq_len, r.kv_len + max(1, budget))
 
 
-def overlappable(reqs: list[Req], late_masks: bool = False) -> bool:
+def overlappable(reqs: list[Req], late_sampling: bool = False) -> bool:
     """Whether a step of these requests may be launched before the host has read the step
-    before. Penalties and n-gram bans read every generated token, and a beam group's first
-    step spawns its rows on the host (past its first step the device chooses its beams,
-    beam_step.py). A grammar row's mask needs its last token too: it may run ahead where the
-    executor can queue a step's sampler after its forward (`late_masks`: the masks are
-    filled while the forward runs, StepLauncher.complete)."""
-    return not any(r.reads_history or (r.beam is not None and len(r.beam.rows) == 1)
-                   or (r.grammar is not None and not late_masks) for r in reqs)
+    before. A beam group's first step spawns its rows on the host (past its first step the
+    device chooses its beams, beam_step.py). Penalties, n-gram bans and grammars read every
+    generated token: their rows run ahead only where the executor can queue a step's sampler
+    after its forward (`late_sampling`: the sampling fields are made once the host has read
+    the step before, while the forward runs: StepLauncher.complete). Whisper's timestamp
+    rules never run ahead."""
+    return not any((r.beam is not None and len(r.beam.rows) == 1)
+                   or (r.reads_history and (not late_sampling or r.sampling_params.timestamps))
+                   for r in reqs)
 
 
 def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
