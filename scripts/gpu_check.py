@@ -10,7 +10,9 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
    request over HTTP (completion, chat, chat with an image) that must return every token, and
    one newer feature: /v1/embeddings (unit vectors) on the encoder-decoder text shapes, a
    JSON-schema answer on Llama (it parses and is one of the schema's values).
-3. `bench`: a short `bench one-batch` and `bench offline` on mT5-large (figures printed).
+3. `bench`: a short `bench one-batch` and `bench offline` on mT5-large, and
+   `benchmarks/bench_grammar.py` on the Llama-3.2-1B shape (64 JSON-schema requests against
+   the same batch without grammars) (figures printed).
 4. `serving`: mT5-large served and loaded by `bench serving` (128 streams from 8 client
    processes, 512 requests, 64 -> 64), the offline engine on the same workload in the same
    run, served by four HTTP processes (`--api-server-count 4`): every request answered, and
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import os
 import signal
 import socket
@@ -240,6 +243,21 @@ def check_bench() -> bool:
         if p.returncode:
             ok = False
             lines.append(p.stderr[-2000:])
+    # issue 41's figure: 64 JSON-schema requests on the Llama-3.2-1B shape against the same
+    # batch without grammars (the overlap kept: docs/grammar.md)
+    out = LOGS / "bench_grammar.json"
+    p = subprocess.run([sys.executable, "benchmarks/bench_grammar.py", "--shape", "llama-3.2-1b",
+                        "--requests", "64", "--max-tokens", "256", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True)
+    if p.returncode or not out.exists():
+        ok = False
+        lines.append(p.stderr[-2000:])
+    else:
+        r = json.loads(out.read_text())
+        g, f = r["grammar"], r["free"]
+        lines.append(f"grammar: step {g['step_ms']:.2f} ms against {f['step_ms']:.2f} ms free "
+                     f"({r['step_ratio']:.2f}x), device busy {g['device_busy_share']:.0%} / "
+                     f"{f['device_busy_share']:.0%}")
     return verdict("bench", ok, " | ".join(lines))
 
 
