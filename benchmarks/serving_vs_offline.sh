@@ -4,16 +4,17 @@
 # workload in the same run, then Poisson arrival rates. Every figure's JSON goes to $OUT.
 #   bash benchmarks/serving_vs_offline.sh [shape] [concurrency] [requests] [in] [out] [rates]  ("": none)
 # SERVE_ARGS: more `serve` flags (e.g. "--api-server-count 4"); NO_SPY=1: no py-spy (its
-# sampling stops the processes it reads, which slows the server it measures)
+# sampling stops the processes it reads, which slows the server it measures); BEAMS=N: beam
+# search with N beams (requests answered whole; the server runs CONC x N rows)
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
-RATES=${6-"20 40 80"} WORKERS=${WORKERS:-8} PORT=30000
+RATES=${6-"20 40 80"} WORKERS=${WORKERS:-8} PORT=30000 BEAMS=${BEAMS:-1}
 OUTDIR=${OUT:-/tmp/serving_bench}; mkdir -p "$OUTDIR"
 MODEL=$(python3 -c "from seq2serve.runtime.bench.shapes import write_shape; print(write_shape('$SHAPE', '/tmp/shape-$SHAPE'))")
 S2S="python3 -m seq2serve.runtime.cli"
 $S2S serve --model-path "$MODEL" --load-format dummy --dtype bfloat16 --port $PORT \
-    --mem-fraction 0.45 --max-running-requests "$CONC" ${SERVE_ARGS:-} \
+    --mem-fraction 0.45 --max-running-requests "$((CONC * BEAMS))" ${SERVE_ARGS:-} \
     >"$OUTDIR/serve_$SHAPE.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; sleep 2; pkill -f "seq2serve.runtime.cli serve" 2>/dev/null' EXIT
@@ -31,6 +32,7 @@ SPY=/tmp/site/bin/py-spy
     -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
+    --num-beams "$BEAMS" \
     --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.9}' \
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
 curl -s "http://127.0.0.1:$PORT/metrics" >"$OUTDIR/metrics_c$CONC.txt"
@@ -39,6 +41,7 @@ for RATE in $RATES; do
     N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")
     $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" \
         --input-len "$IN" --output-len "$OUTLEN" --request-rate "$RATE" --workers "$WORKERS" \
+        --num-beams "$BEAMS" \
         --json "$OUTDIR/serving_rate$RATE.json" | grep -Ev '^\s*[][{}"0-9-]'
 done
 cat "$OUTDIR/top_c$CONC.txt" 2>/dev/null | sed -n 7,16p

@@ -47,6 +47,17 @@ def test_two_workers_report_merged_figures(server, concurrency, rate):
     assert len(res["client_cpu_share"]) == 2
 
 
+def test_beam_requests_are_answered_whole(server):
+    """`--num-beams`: beam search is not streamed, so a request's first token comes with its
+    last (TTFT = E2E) and no inter-token gaps; the server's usage counts the tokens."""
+    res = measure(server.url, 4, 4, 5, 2, None, workers=1, num_beams=3)
+    assert (res["completed"], res["failed"], res["num_beams"]) == (4, 0, 3), res["errors"]
+    assert res["output_tokens"] == 4 * 5 and res["input_tokens"] > 0
+    assert res["ttft"] == res["e2e"] and not res["itl"]
+    with pytest.raises(ValueError, match="num-beams"):
+        measure(server.url, 1, 1, 1, 1, None, num_beams=0)
+
+
 def test_cli_with_workers_and_compare_offline(server, tmp_path, capsys):
     import json
 

@@ -28,6 +28,9 @@ def add_serving_parser(sub) -> None:
                         "path, from /get_model_info) and print server / offline")
     p.add_argument("--engine-args", default="{}",
                    help="JSON of the offline engine's options (with --compare-offline)")
+    p.add_argument("--num-beams", type=int, default=1,
+                   help="beam search with this many beams (each request answered whole, not "
+                        "streamed; the server's max_running_requests counts beam rows)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
@@ -36,29 +39,32 @@ def add_serving_parser(sub) -> None:
 
 def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
             concurrency: int | None, rate: float | None, workers: int = 1,
-            api_key: str | None = None, seed: int = 0) -> dict:
+            api_key: str | None = None, seed: int = 0, num_beams: int = 1) -> dict:
     """One load's figures (`concurrency` None: Poisson arrivals at `rate`), merged over
     `workers` client processes."""
     from seq2serve.runtime.bench.serving_workers import run_workers
 
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
+    if num_beams < 1:
+        raise ValueError(f"--num-beams must be at least 1, got {num_beams}")
     spec = LoadSpec(base_url, tuple(make_prompts(num_requests, input_len, seed)), output_len,
-                    concurrency, rate, api_key, seed)
-    return run_workers(spec, workers) | {"concurrency": concurrency, "rate": rate}
+                    concurrency, rate, api_key, seed, num_beams=num_beams)
+    return run_workers(spec, workers) | {"concurrency": concurrency, "rate": rate,
+                                         "num_beams": num_beams}
 
 
 def _serving(args) -> dict:
     res = measure(args.base_url, args.num_requests, args.input_len, args.output_len,
                   None if args.request_rate else args.concurrency, args.request_rate,
-                  args.workers, args.api_key, args.seed)
+                  args.workers, args.api_key, args.seed, args.num_beams)
     print_summary(res)
     if args.compare_offline:
         from seq2serve.runtime.bench.serving_offline import compare_offline
 
         res["offline"] = compare_offline(args.base_url, make_prompts(
             args.num_requests, args.input_len, args.seed), args.output_len, res["concurrency"],
-            json.loads(args.engine_args))
+            json.loads(args.engine_args), args.num_beams)
         res["server_over_offline"] = (res["output_tokens_per_s"]
                                       / res["offline"]["output_tokens_per_s"])
         print(f"offline engine: {res['offline']['output_tokens_per_s']:.1f} output tok/s; "

@@ -1,6 +1,7 @@
 """One client's load against a server: the workload's prompts, its requests streamed at a
-fixed concurrency or as Poisson arrivals, each request's record (TTFT, inter-token gaps,
-end-to-end time, token counts), and bench_serving's figures over any set of records."""
+fixed concurrency or as Poisson arrivals (with beams: answered whole, TTFT = E2E), each
+request's record (TTFT, inter-token gaps, end-to-end time, token counts), and bench_serving's
+figures over any set of records."""
 
 from __future__ import annotations
 
@@ -41,8 +42,12 @@ class LoadSpec:
     api_key: str | None = None
     seed: int = 0
     progress: bool = True
+    num_beams: int = 1  # > 1: beam search, answered whole (a beam result is not streamed)
 
     def body(self, prompt: str) -> dict:
+        if self.num_beams > 1:
+            return {"prompt": prompt, "max_tokens": self.output_len, "stream": False,
+                    "temperature": 0, "ignore_eos": True, "num_beams": self.num_beams}
         return {"prompt": prompt, "max_tokens": self.output_len, "stream": True,
                 "temperature": 0, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
@@ -76,7 +81,27 @@ async def _sse_lines(response):
         yield buf
 
 
+async def _whole(client, url: str, body: dict, headers: dict) -> RequestRecord:
+    """A request answered in one body (beam search): its first token comes with its last."""
+    start = time.perf_counter()
+    rec = RequestRecord(ok=False)
+    try:
+        r = await client.post(url, json=body, headers=headers)
+        if r.status_code != 200:
+            rec.error = f"HTTP {r.status_code}: {r.text[:200]!r}"
+            return rec
+        usage = r.json()["usage"]
+        rec.tokens, rec.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
+        rec.ok, rec.events = True, 1
+        rec.ttft = rec.e2e = time.perf_counter() - start
+    except Exception as e:  # noqa: BLE001 - a failed request is a measurement
+        rec.error = f"{type(e).__name__}: {e}"
+    return rec
+
+
 async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
+    if not body["stream"]:
+        return await _whole(client, url, body, headers)
     start = last = time.perf_counter()
     rec, chunks = RequestRecord(ok=False), 0
     try:

@@ -11,16 +11,19 @@ import time
 
 
 def compare_offline(base_url: str, prompts: list[str], output_len: int,
-                    concurrency: int | None, engine_args: dict) -> dict:
+                    concurrency: int | None, engine_args: dict, num_beams: int = 1) -> dict:
     """The engine's output tokens/s over `prompts`, all submitted at once with at most
-    `concurrency` running (None: all), after a short warm-up."""
+    `concurrency` requests running (None: all; with beams, that many times num_beams rows),
+    after a short warm-up."""
     import httpx
 
     from seq2serve import Seq2SeqEngine
 
     info = httpx.get(base_url.rstrip("/") + "/get_model_info", timeout=60).json()
-    running = concurrency or len(prompts)
+    running = (concurrency or len(prompts)) * num_beams
     sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    if num_beams > 1:
+        sp["num_beams"] = num_beams
     opts = {"max_running_requests": running, **engine_args}
     with Seq2SeqEngine(model_path=info["model_path"], **opts) as engine:
         engine.generate(prompts[:2], {**sp, "max_new_tokens": 2})
