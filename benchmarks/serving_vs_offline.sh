@@ -5,7 +5,8 @@
 #   bash benchmarks/serving_vs_offline.sh [shape] [concurrency] [requests] [in] [out] [rates]  ("": none)
 # SERVE_ARGS: more `serve` flags (e.g. "--api-server-count 4"); NO_SPY=1: no py-spy (its
 # sampling stops the processes it reads, which slows the server it measures); BEAMS=N: beam
-# search with N beams (requests answered whole; the server runs CONC x N rows)
+# search with N beams (requests answered whole; the server runs CONC x N rows); ENGINE_ARGS:
+# the offline engine's options as JSON (default: dummy weights, bf16, mem_fraction 0.9)
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
@@ -33,7 +34,7 @@ SPY=/tmp/site/bin/py-spy
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
     --num-beams "$BEAMS" \
-    --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "mem_fraction": 0.9}' \
+    --engine-args "${ENGINE_ARGS:-{\"load_format\": \"dummy\", \"dtype\": \"bfloat16\", \"mem_fraction\": 0.9\}}" \
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
 curl -s "http://127.0.0.1:$PORT/metrics" >"$OUTDIR/metrics_c$CONC.txt"
 curl -s "http://127.0.0.1:$PORT/debug/stats" >"$OUTDIR/stats_c$CONC.json"
