@@ -144,17 +144,21 @@ class RequestMemory:
         req.kv_len = new_len
         return slots
 
-    def alloc_one(self, req: Req) -> int | None:
-        """The slot of the request's next decoder position (decode fast path); None when a
-        new page is needed and the pool has none."""
-        pos, ps = req.kv_len, self.page_size
-        if pos == len(req.kv_pages) * ps:
-            pages = self.token_to_kv.allocator.alloc(1)
-            if pages is None:
-                return None
-            req.kv_pages.append(pages[0])
-        req.kv_len = pos + 1
-        return req.kv_pages[pos // ps] * ps + pos % ps
+    def alloc_next(self, reqs: list[Req]) -> list[int] | None:
+        """The slot of each request's next decoder position (the decode fast path: one loop
+        for the batch); None when a new page is needed and the pool has none (the requests
+        before it keep their new slots)."""
+        ps, alloc, slots = self.page_size, self.token_to_kv.allocator.alloc, []
+        for r in reqs:
+            pos, pages = r.kv_len, r.kv_pages
+            if pos == len(pages) * ps:
+                new = alloc(1)
+                if new is None:
+                    return None
+                pages.append(new[0])
+            r.kv_len = pos + 1
+            slots.append(pages[pos // ps] * ps + pos % ps)
+        return slots
 
     # --- beams -------------------------------------------------------------------------------
     def reorder_beams(self, steps: list[tuple[BeamGroup, list[tuple[int, int]]]]
