@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
@@ -216,18 +218,29 @@ class RequestMemory:
         copy in, and any the next step's launch has added). Pages no row holds any more are
         freed; nothing is allocated."""
         old = group.rows
-        if all(p == j for j, (p, _) in enumerate(choices)):  # every beam ran on in its row
+        parents = [p for p, _ in choices]
+        if parents == list(range(len(old))):  # every beam ran on in its row
             for row, (_, token) in zip(old, choices):
                 row.output_ids.append(token)
             return
         full, pre = length // self.page_size, old[0].prefix_pages
-        pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
-        kept = {pg for own in pages for pg in own[pre:]}
-        self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
-                                               - kept))
-        outputs = [old[p].output_ids + [token] for p, token in choices]
-        for row, own, out in zip(old, pages, outputs):
-            row.kv_pages, row.output_ids = own, out
+        pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, p in zip(old, parents)]
+        kept = set(chain.from_iterable(own[pre:] for own in pages))
+        # only a row no beam continues can leave pages behind: a parent's full pages go on
+        # in its children, and every row keeps its own last pages
+        continued = set(parents)
+        dropped = [r.kv_pages[pre:] for j, r in enumerate(old) if j not in continued]
+        self.token_to_kv.allocator.free(sorted(set(chain.from_iterable(dropped)) - kept))
+        # new output lists for the rows that take another's; a row that continues itself
+        # appends in place, after the others have copied it
+        outputs = [None if p == j else old[p].output_ids + [token]
+                   for j, (p, token) in enumerate(choices)]
+        for row, own, out, (_, token) in zip(old, pages, outputs, choices):
+            row.kv_pages = own
+            if out is None:
+                row.output_ids.append(token)
+            else:
+                row.output_ids = out
         group.peak_pages = max(group.peak_pages, pre + len(kept))
 
     def release_beams(self, group: BeamGroup, keep_cross: bool = False) -> None:
