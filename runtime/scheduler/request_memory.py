@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import chain
-
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
@@ -224,13 +222,16 @@ class RequestMemory:
                 row.output_ids.append(token)
             return
         full, pre = length // self.page_size, old[0].prefix_pages
-        pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, p in zip(old, parents)]
-        kept = set(chain.from_iterable(own[pre:] for own in pages))
+        held = [r.kv_pages for r in old]
+        # (a row that continues itself keeps its list: the same pages)
+        pages = [held[j] if p == j else held[p][:full] + held[j][full:]
+                 for j, p in enumerate(parents)]
+        kept = set().union(*([own[pre:] for own in pages] if pre else pages))
         # only a row no beam continues can leave pages behind: a parent's full pages go on
         # in its children, and every row keeps its own last pages
         continued = set(parents)
-        dropped = [r.kv_pages[pre:] for j, r in enumerate(old) if j not in continued]
-        self.token_to_kv.allocator.free(sorted(set(chain.from_iterable(dropped)) - kept))
+        dropped = [own[pre:] for j, own in enumerate(held) if j not in continued]
+        self.token_to_kv.allocator.free(sorted(set().union(*dropped) - kept))
         # new output lists for the rows that take another's; a row that continues itself
         # appends in place, after the others have copied it
         outputs = [None if p == j else old[p].output_ids + [token]
