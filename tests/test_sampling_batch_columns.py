@@ -26,9 +26,9 @@ from seq2serve.runtime.scheduler.req import Req
 def reference_from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],
                         device: str, pending: int | list[int] = 0,
                         beams: dict | None = None, forced_eos: tuple[int, ...] = (),
-                                  begin_suppressed: tuple[int, ...] = (),
+                        begin_suppressed: tuple[int, ...] = (),
                         grammar: tuple[list[int], torch.Tensor] | None = None,
-              timestamp_tokens: TimestampTokens | None = None) -> SamplingBatch:
+                        timestamp_tokens: TimestampTokens | None = None) -> SamplingBatch:
     sps = [r.sampling_params for r in reqs]
     pend = pending if isinstance(pending, list) else [pending] * len(reqs)
 
