@@ -1,8 +1,8 @@
 """The host's per-step beam books, rewritten for speed, against the code they replaced (kept
 here as references): `StepLauncher._beam_moves` and `step_plan.lay_out` / `rows_ahead`, and
 `RequestMemory.follow_beams` (pages freed, rows' pages and outputs, the group's peak; its
-reference is today's code, for the rewrite to come), on random fake groups (rows sharing page
-prefixes as beams do). No model."""
+reference is the code before the rewrite that frees from dropped rows only), on random fake
+groups (rows sharing page prefixes as beams do). No model."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class DecoderInputs:
         out = {}
         for f in _FIELDS:
             x = getattr(self, f.name)
+            if isinstance(x, list) and x:  # (through numpy: a third of torch's time on ints)
+                x = torch.from_numpy(np.array(x))
             if x is not None:
                 x = torch.as_tensor(x).to(device=device, dtype=f.metadata["dtype"],
                                           non_blocking=True)

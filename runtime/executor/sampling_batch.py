@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
@@ -12,6 +14,11 @@ from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.seeded_race import row_key
 from seq2serve.runtime.executor.timestamp_rules import TimestampRows
+
+_PARAMS = attrgetter("sampling_params")
+_OUTPUT_IDS = attrgetter("output_ids")
+_RETURN_LOGPROB = attrgetter("return_logprob")
+_TOP_LOGPROBS_NUM = attrgetter("top_logprobs_num")
 
 
 class SamplingRow(Protocol):
@@ -103,39 +110,44 @@ class SamplingBatch:
         filled later, before the sampler runs: `StepLauncher.complete`).
         `timestamp_tokens`: the model's, for the rows whose sampling params ask for
         timestamps (Whisper)."""
-        sps = [r.sampling_params for r in reqs]
+        # (per-row attributes read with map/attrgetter: C loops, this runs every step)
+        sps = list(map(_PARAMS, reqs))
         pend = pending if isinstance(pending, list) else [pending] * len(reqs)
+        # each request's generated tokens, those still on the device counted in
+        done = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64,
+                           count=len(reqs)) + np.array(pend, dtype=np.int64)
+        cols = _ParamColumns.of(sps, vocab_size)
 
         def col(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype).view(-1, 1).to(device, non_blocking=True)
 
-        greedy = [sp.is_greedy or sp.is_beam for sp in sps]  # beams draw no random numbers
-        top_ks = [sp.top_k_or_none or vocab_size for sp in sps]
-        top_ps = [sp.top_p for sp in sps]
-        min_ps = [sp.min_p for sp in sps]
-        sampled = [not g for g in greedy]
-        filtered = [s and (k < vocab_size or p < 1.0 or m > 0.0)
-                    for s, k, p, m in zip(sampled, top_ks, top_ps, min_ps)]
-        widths = [k for f, k in zip(filtered, top_ks) if f]
-        seeded = any(sp.seed is not None for sp, s in zip(sps, sampled) if s)
-        penalized = any(sp.has_penalties for sp in sps)
+        greedy = cols.row(cols.greedy, np.bool_)  # beams draw no random numbers
+        top_ks = cols.row(cols.top_ks)
+        filtered = cols.row(cols.filtered, np.bool_)
+        widths = [k for f, k in zip(cols.filtered, cols.top_ks) if f]
+        seeded = any(sp.seed is not None and not g for sp, g in zip(cols.params, cols.greedy))
+        penalized = any(sp.has_penalties for sp in cols.params)
 
         banned_rows, banned_cols = [], []
-        for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
-            if begin_suppressed and len(r.output_ids) + p == 0:
-                banned_rows += [i] * len(begin_suppressed)
-                banned_cols += list(begin_suppressed)
-            if len(r.output_ids) + p < sp.min_new_tokens:
-                ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
-                banned_rows += [i] * len(ban)
-                banned_cols += sorted(ban)
-            if sp.no_repeat_ngram_size:
-                ban = banned_ngram_tokens(r.fill_ids, sp.no_repeat_ngram_size)
-                banned_rows += [i] * len(ban)
-                banned_cols += ban
+        # (the ban rules, row by row, only when a row has one: min_new_tokens not reached, a
+        # first token with begin_suppressed, an n-gram rule)
+        if ((done < cols.row(cols.min_new)).any() or (begin_suppressed and (done == 0).any())
+                or any(sp.no_repeat_ngram_size for sp in cols.params)):
+            for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
+                if begin_suppressed and len(r.output_ids) + p == 0:
+                    banned_rows += [i] * len(begin_suppressed)
+                    banned_cols += list(begin_suppressed)
+                if len(r.output_ids) + p < sp.min_new_tokens:
+                    ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
+                    banned_rows += [i] * len(ban)
+                    banned_cols += sorted(ban)
+                if sp.no_repeat_ngram_size:
+                    ban = banned_ngram_tokens(r.fill_ids, sp.no_repeat_ngram_size)
+                    banned_rows += [i] * len(ban)
+                    banned_cols += ban
 
-        forced = [i for i, (r, sp) in enumerate(zip(reqs, sps))
-                  if forced_eos and len(r.output_ids) + pend[i] + 1 >= sp.max_new_tokens]
+        forced = (np.flatnonzero(done + 1 >= cols.row(cols.max_new)) if forced_eos
+                  else np.zeros(0, dtype=np.int64))
 
         def padded(seqs: list[list[int]]) -> torch.Tensor:
             width = max(1, max(len(s) for s in seqs))
@@ -144,7 +156,8 @@ class SamplingBatch:
                 t[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
             return t.to(device, non_blocking=True)
 
-        stamped = [i for i, sp in enumerate(sps) if sp.timestamps]
+        stamped = ([i for i, sp in enumerate(sps) if sp.timestamps]
+                   if any(sp.timestamps for sp in cols.params) else [])
         if stamped:
             assert timestamp_tokens is not None, "refused at admission: no timestamp tokens"
             assert not any(pend[i] for i in stamped), "timestamp rows never run ahead"
@@ -152,17 +165,20 @@ class SamplingBatch:
                                       timestamp_tokens, vocab_size, device)
 
         return cls(
-            temperatures=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
-            greedy=torch.tensor(greedy, dtype=torch.bool).to(device, non_blocking=True),
-            all_greedy=all(greedy),
-            top_ks=torch.tensor(top_ks).to(device) if any(k < vocab_size for k in top_ks) else None,
-            top_ps=col(top_ps) if any(p < 1.0 for p in top_ps) else None,
-            min_ps=col(min_ps) if any(p > 0.0 for p in min_ps) else None,
-            filtered=torch.tensor(filtered).to(device, non_blocking=True)
-            if any(filtered) else None,
+            temperatures=col(cols.row(cols.temperatures, np.float32)),
+            greedy=torch.from_numpy(greedy).to(device, non_blocking=True),
+            all_greedy=bool(greedy.all()),
+            top_ks=torch.from_numpy(top_ks).to(device)
+            if any(k < vocab_size for k in cols.top_ks) else None,
+            top_ps=col(cols.row(cols.top_ps, np.float32))
+            if any(p < 1.0 for p in cols.top_ps) else None,
+            min_ps=col(cols.row(cols.min_ps, np.float32))
+            if any(p > 0.0 for p in cols.min_ps) else None,
+            filtered=torch.from_numpy(filtered).to(device, non_blocking=True)
+            if any(cols.filtered) else None,
             filter_width=max(widths) if widths and max(widths) < vocab_size else None,
             seeded=seeded,
-            keys=None if all(greedy) else _keys(reqs, sps, pend, seeded, device),
+            keys=None if greedy.all() else _keys(reqs, sps, pend, seeded, device),
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,
             output_counts_ids=padded([r.output_ids for r in reqs]) if penalized else None,
@@ -173,17 +189,56 @@ class SamplingBatch:
             if banned_rows else None,
             banned_cols=torch.tensor(banned_cols, dtype=torch.int64).to(device)
             if banned_rows else None,
-            forced_rows=torch.tensor(forced, dtype=torch.int64).to(device) if forced else None,
+            forced_rows=torch.from_numpy(forced).to(device) if forced.size else None,
             forced_ids=torch.tensor(forced_eos, dtype=torch.int64).to(device)
-            if forced else None,
-            want_logprobs=any(r.return_logprob for r in reqs),
-            top_logprobs_num=max((r.top_logprobs_num for r in reqs), default=0),
+            if forced.size else None,
+            want_logprobs=any(map(_RETURN_LOGPROB, reqs)),
+            top_logprobs_num=max(map(_TOP_LOGPROBS_NUM, reqs), default=0),
             grammar_rows=list(grammar[0]) if grammar else None,
             grammar_mask=grammar[1].to(device, non_blocking=True)
             if grammar and grammar[1] is not None else None,
             timestamps=stamps if stamped else None,
             **(beams or {}),
         )
+
+
+@dataclass
+class _ParamColumns:
+    """The sampling columns of each distinct SamplingParams object of a batch, computed once
+    each (a beam group's rows share one, and so do many requests), and which one each row
+    has: `row(values)` spreads a per-object column over the rows."""
+
+    params: list[SamplingParams]  # the distinct objects
+    which: np.ndarray  # [B] each row's index into `params`
+    greedy: list[bool]  # greedy or beam (no random numbers)
+    temperatures: list[float]  # 1.0 for greedy ones (they take the argmax)
+    top_ks: list[int]  # vocab size where disabled
+    top_ps: list[float]
+    min_ps: list[float]
+    filtered: list[bool]  # sampled with a top-k / top-p / min-p rule
+    min_new: list[int]
+    max_new: list[int]
+
+    @classmethod
+    def of(cls, sps: list[SamplingParams], vocab_size: int) -> _ParamColumns:
+        # the objects by identity (all alive in `sps`, so no id is reused meanwhile)
+        ids = np.fromiter(map(id, sps), dtype=np.int64, count=len(sps))
+        _, first, which = np.unique(ids, return_index=True, return_inverse=True)
+        params = [sps[i] for i in first.tolist()]
+        greedy = [sp.is_greedy or sp.is_beam for sp in params]
+        top_ks = [sp.top_k_or_none or vocab_size for sp in params]
+        top_ps = [sp.top_p for sp in params]
+        min_ps = [sp.min_p for sp in params]
+        return cls(params, which, greedy,
+                   [1.0 if g else sp.temperature for g, sp in zip(greedy, params)],
+                   top_ks, top_ps, min_ps,
+                   [not g and (k < vocab_size or p < 1.0 or m > 0.0)
+                    for g, k, p, m in zip(greedy, top_ks, top_ps, min_ps)],
+                   [sp.min_new_tokens for sp in params], [sp.max_new_tokens for sp in params])
+
+    def row(self, values: list, dtype=np.int64) -> np.ndarray:
+        """A per-object column as a per-row array."""
+        return np.array(values, dtype=dtype)[self.which]
 
 
 def _keys(reqs: list[SamplingRow], sps: list[SamplingParams], pending: list[int],

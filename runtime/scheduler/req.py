@@ -120,6 +120,8 @@ class Req:
     @property
     def encoder_len(self) -> int:
         """Cross K/V length: the text encoder's tokens plus every other input's."""
+        if not self.encoder_inputs:  # (text alone: read every decode step, for every row)
+            return len(self.encoder_input_ids)
         return len(self.encoder_input_ids) + sum(p.num_tokens for p in self.encoder_inputs)
 
     @property

@@ -144,17 +144,21 @@ class RequestMemory:
         req.kv_len = new_len
         return slots
 
-    def alloc_one(self, req: Req) -> int | None:
-        """The slot of the request's next decoder position (decode fast path); None when a
-        new page is needed and the pool has none."""
-        pos, ps = req.kv_len, self.page_size
-        if pos == len(req.kv_pages) * ps:
-            pages = self.token_to_kv.allocator.alloc(1)
-            if pages is None:
-                return None
-            req.kv_pages.append(pages[0])
-        req.kv_len = pos + 1
-        return req.kv_pages[pos // ps] * ps + pos % ps
+    def alloc_next(self, reqs: list[Req]) -> list[int] | None:
+        """The slot of each request's next decoder position (the decode fast path: one loop
+        for the batch); None when a new page is needed and the pool has none (the requests
+        before it keep their new slots)."""
+        ps, alloc, slots = self.page_size, self.token_to_kv.allocator.alloc, []
+        for r in reqs:
+            pos, pages = r.kv_len, r.kv_pages
+            if pos == len(pages) * ps:
+                new = alloc(1)
+                if new is None:
+                    return None
+                pages.append(new[0])
+            r.kv_len = pos + 1
+            slots.append(pages[pos // ps] * ps + pos % ps)
+        return slots
 
     # --- beams -------------------------------------------------------------------------------
     def reorder_beams(self, steps: list[tuple[BeamGroup, list[tuple[int, int]]]]
@@ -212,18 +216,32 @@ class RequestMemory:
         copy in, and any the next step's launch has added). Pages no row holds any more are
         freed; nothing is allocated."""
         old = group.rows
-        if all(p == j for j, (p, _) in enumerate(choices)):  # every beam ran on in its row
+        parents = [p for p, _ in choices]
+        if parents == list(range(len(old))):  # every beam ran on in its row
             for row, (_, token) in zip(old, choices):
                 row.output_ids.append(token)
             return
         full, pre = length // self.page_size, old[0].prefix_pages
-        pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
-        kept = {pg for own in pages for pg in own[pre:]}
-        self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
-                                               - kept))
-        outputs = [old[p].output_ids + [token] for p, token in choices]
-        for row, own, out in zip(old, pages, outputs):
-            row.kv_pages, row.output_ids = own, out
+        held = [r.kv_pages for r in old]
+        # (a row that continues itself keeps its list: the same pages)
+        pages = [held[j] if p == j else held[p][:full] + held[j][full:]
+                 for j, p in enumerate(parents)]
+        kept = set().union(*([own[pre:] for own in pages] if pre else pages))
+        # only a row no beam continues can leave pages behind: a parent's full pages go on
+        # in its children, and every row keeps its own last pages
+        continued = set(parents)
+        dropped = [own[pre:] for j, own in enumerate(held) if j not in continued]
+        self.token_to_kv.allocator.free(sorted(set().union(*dropped) - kept))
+        # new output lists for the rows that take another's; a row that continues itself
+        # appends in place, after the others have copied it
+        outputs = [None if p == j else old[p].output_ids + [token]
+                   for j, (p, token) in enumerate(choices)]
+        for row, own, out, (_, token) in zip(old, pages, outputs, choices):
+            row.kv_pages = own
+            if out is None:
+                row.output_ids.append(token)
+            else:
+                row.output_ids = out
         group.peak_pages = max(group.peak_pages, pre + len(kept))
 
     def release_beams(self, group: BeamGroup, keep_cross: bool = False) -> None:

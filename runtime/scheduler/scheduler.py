@@ -518,7 +518,7 @@ class Scheduler:
             _hand_out_input_logprobs(batch.scored, result.input_token_logprobs,
                                      batch.prefilling)
         for i, req in enumerate(batch.reqs):
-            if req.finished or req.beam is not None or req in batch.prefilling:
+            if req.beam is not None or req.finished or req in batch.prefilling:
                 continue  # finished (or aborted) while this step was in flight; beam rows
                 # advance by group, below; a prompt's chunk before its last samples nothing
             if req.sampling_params.max_new_tokens == 0:  # scored only: nothing is generated
@@ -635,8 +635,11 @@ class Scheduler:
                 if parents[row:row + n] != [row + p for p, _ in choices]:
                     raise AssertionError(f"beam request {g.rows[0].rid}: the device chose "
                                          f"other beams than the host's rules")
+                if g.rows[0].grammar is None:  # (the usual case: no matchers to follow)
+                    self.memory.follow_beams(g, choices, g.rows[0].seq_len)
+                    continue
                 grammars = beam_grammars(g, choices)
-                self.memory.follow_beams(g, choices, len(g.rows[0].fill_ids))
+                self.memory.follow_beams(g, choices, g.rows[0].seq_len)
                 set_beam_grammars(g, grammars)
         grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
