@@ -31,8 +31,10 @@ class Grammars:
     vocabulary takes ~0.7 s for 128k tokens). `row` may run on a compile thread
     (grammar_compiles.py) while the loop calls `cached_row`."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...],
+                 backend: str = "xgrammar") -> None:
         self.tokenizer = tokenizer
+        self.backend = backend
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.cache: GrammarCache | None = None
@@ -45,7 +47,7 @@ class Grammars:
             raise ValueError(f"{sp.grammar[0]} needs the model's tokenizer; this model "
                              f"directory has none")
         if self.cache is None:
-            self.cache = GrammarCache(self.tokenizer, self.vocab_size)
+            self.cache = GrammarCache(self.tokenizer, self.vocab_size, backend=self.backend)
         return self.cache.matcher(*sp.grammar, self._stops(sp))
 
     def cached_row(self, sp: SamplingParams) -> RowGrammar | None:

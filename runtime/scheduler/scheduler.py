@@ -166,7 +166,8 @@ class Scheduler:
                                      begin_suppressed=model_config.begin_suppressed_token_ids,
                                      timestamp_tokens=model_config.timestamp_tokens)
         self.notices: list[TokenOutput] = []  # requests refused at admission
-        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids)
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids,
+                                 args.grammar_backend)
         self.compiles = GrammarCompiles(self.grammars)  # requests whose grammar compiles
 
     # --- requests in -------------------------------------------------------------------------
