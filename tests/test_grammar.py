@@ -122,6 +122,45 @@ def test_every_json_schema_output_validates_with_beams(server):
             _valid(choice.message.content, schema)
 
 
+def _fraction_bounded(schema):
+    """`schema` with every number a multiple of 0.01: llguidance bounds a number's fraction
+    only so (xgrammar bounds it when the number has a range), and a random model never ends
+    an unbounded one."""
+    if isinstance(schema, dict):
+        out = {k: _fraction_bounded(v) for k, v in schema.items()}
+        if out.get("type") == "number":
+            out["multipleOf"] = 0.01
+        return out
+    if isinstance(schema, list):
+        return [_fraction_bounded(v) for v in schema]
+    return schema
+
+
+def test_llguidance_outputs_validate_greedy_and_with_beams(llama_dir):
+    """The other backend (`--grammar-backend llguidance`), in-process: 40 schemas greedy, 3
+    with 4 beams (both returned), each output valid."""
+    s = make_scheduler(llama_dir, grammar_backend="llguidance", max_total_tokens=65536)
+    prompt = s.tokenizer.encode("Answer in JSON:")
+    batch = [_fraction_bounded(x) for x in SCHEMAS[:40]]
+    rids = {}
+    for i, schema in enumerate(batch):
+        beams = {"num_beams": 4, "num_return_sequences": 2} if i < 3 else {}
+        sp = SamplingParams.from_dict({"max_new_tokens": MAX, "temperature": 0, **beams,
+                                       "json_schema": json.dumps(schema)})
+        tr = TokenizedRequest(rid=str(i), encoder_input_ids=[], decoder_input_ids=prompt,
+                              sampling_params=sp)
+        if beams:
+            tr.beam_rids = [str(i), f"{i}-1"]
+        rids[i] = tr.beam_rids or [str(i)]
+        s.add_request(tr)
+    out = run_to_completion(s)
+    for i, schema in enumerate(batch):
+        for rid in rids[i]:
+            ids = out[rid]
+            assert ids[-1] in s.eos_ids, (i, s.tokenizer.decode(ids))
+            _valid(s.tokenizer.decode(ids[:-1]), schema)
+
+
 def test_sampled_choices_validate(client):
     r = client.chat.completions.create(
         model="grammar", messages=ASK, max_tokens=MAX, temperature=1.0, seed=7, n=4,

@@ -106,15 +106,7 @@ class LlgRow:
             self.fill_many([(row, self)], bitmask)
 
     def accept(self, token: int) -> bool:
-        if self.dead or self.terminated:
-            return False
-        if token in self.stop_ids:
-            self.ended = self.matcher.consume_token(self.end)
-            ok = self.ended
-        else:
-            ok = token != self.end and self.matcher.consume_token(token)
-        self.dead = not ok
-        return ok
+        return self.accept_many([(self, token)])[0]
 
     def fork(self) -> LlgRow:
         twin = LlgRow(self.fresh, self.stop_ids, self.end, self.matcher.deep_copy())
@@ -126,12 +118,35 @@ class LlgRow:
         self.dead = self.ended = False
 
     @staticmethod
+    def accept_many(rows: list[tuple[LlgRow, int]]) -> list[bool]:
+        """Each row's token consumed, the rows on the fill threads together (a row's stop
+        token consumes `end`; `end` itself, not one of its stops, is refused)."""
+        out = [False] * len(rows)
+        todo, at = [], []
+        for k, (g, token) in enumerate(rows):
+            if g.dead or g.terminated:
+                continue
+            stop = token in g.stop_ids
+            if not stop and token == g.end:
+                g.dead = True
+                continue
+            todo.append((g.matcher, g.end if stop else token))
+            at.append(k)
+        if len(todo) == 1:
+            done = [todo[0][0].consume_token(todo[0][1])]
+        else:
+            done = llnp.consume_token_par(_pool(), todo) if todo else []
+        for k, ok in zip(at, done):
+            g, token = rows[k]
+            g.dead = not ok
+            g.ended = ok and token in g.stop_ids
+            out[k] = ok
+        return out
+
+    @staticmethod
     def fill_many(rows: list[tuple[int, LlgRow]], bitmask: torch.Tensor) -> None:
-        global _executor
-        if _executor is None:
-            _executor = llguidance.LLExecutor(matcher.FILL_THREADS)
         words = bitmask.numpy()
-        llnp.fill_next_token_bitmask_par(_executor, [(g.matcher, i) for i, g in rows], words)
+        llnp.fill_next_token_bitmask_par(_pool(), [(g.matcher, i) for i, g in rows], words)
         by_stops: dict[tuple, list[int]] = {}
         for i, g in rows:
             by_stops.setdefault((g.end, g.stop_ids), []).append(i)
@@ -163,3 +178,10 @@ def _reason(error: str) -> str:
 
 
 _executor: llguidance.LLExecutor | None = None
+
+
+def _pool() -> llguidance.LLExecutor:
+    global _executor
+    if _executor is None:
+        _executor = llguidance.LLExecutor(matcher.FILL_THREADS)
+    return _executor

@@ -48,6 +48,10 @@ class RowGrammar(Protocol):
     def fill_many(rows: list[tuple[int, RowGrammar]], bitmask: torch.Tensor) -> None:
         """`bitmask[i]` for each (i, row) of live rows of this backend, filled together."""
 
+    @staticmethod
+    def accept_many(rows: list[tuple[RowGrammar, int]]) -> list[bool]:
+        """`row.accept(token)` for each (row, token) of this backend, together."""
+
 
 def fill_rows(rows: list[tuple[int, RowGrammar]], bitmask: torch.Tensor) -> None:
     """`bitmask[i]` for each (i, row): the live rows' filled together by their backend, the
@@ -60,3 +64,15 @@ def fill_rows(rows: list[tuple[int, RowGrammar]], bitmask: torch.Tensor) -> None
             live.setdefault(type(g), []).append((i, g))
     for kind, group in live.items():
         kind.fill_many(group, bitmask)
+
+
+def accept_rows(rows: list[tuple[RowGrammar, int]]) -> list[bool]:
+    """`row.accept(token)` for each (row, token), each backend's rows together."""
+    out = [False] * len(rows)
+    by_kind: dict[type, list[int]] = {}
+    for k, (g, _) in enumerate(rows):
+        by_kind.setdefault(type(g), []).append(k)
+    for kind, at in by_kind.items():
+        for k, ok in zip(at, kind.accept_many([rows[k] for k in at])):
+            out[k] = ok
+    return out

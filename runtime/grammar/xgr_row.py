@@ -84,6 +84,10 @@ class XgrRow:
         self.dead = False
 
     @staticmethod
+    def accept_many(rows: list[tuple[XgrRow, int]]) -> list[bool]:
+        return [g.accept(token) for g, token in rows]
+
+    @staticmethod
     def fill_many(rows: list[tuple[int, XgrRow]], bitmask: torch.Tensor) -> None:
         global _batch
         if _batch is None:
