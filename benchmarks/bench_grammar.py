@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--grammar-backend", default=None, help="xgrammar or llguidance "
+                    "(unset: the engine's default)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
@@ -65,6 +67,8 @@ def main() -> None:
         from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
 
         path, kwargs = write_llama_checkpoint(tmp, init_scale=10.0, seed=1), {}
+    if args.grammar_backend:
+        kwargs["grammar_backend"] = args.grammar_backend
     n = args.requests
     prompts = [f"Write record {i} as JSON:" for i in range(n)]
     constrained = [{"max_new_tokens": args.max_tokens, "temperature": 0,
@@ -80,7 +84,9 @@ def main() -> None:
                 for k in lengths]
         _run(engine, prompts[:4], free[:4])
         plain, _ = _run(engine, prompts, free)
-    result = {"requests": n, "shape": args.shape or "tiny", "grammar_first_compiles": cold,
+    result = {"requests": n, "shape": args.shape or "tiny",
+              "grammar_backend": args.grammar_backend or "default",
+              "grammar_first_compiles": cold,
               "grammar": grammar, "free": plain,
               "step_ratio": grammar["step_ms"] / plain["step_ms"]}
     print(json.dumps(result, indent=2))

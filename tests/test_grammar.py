@@ -122,6 +122,45 @@ def test_every_json_schema_output_validates_with_beams(server):
             _valid(choice.message.content, schema)
 
 
+def _fraction_bounded(schema):
+    """`schema` with every number a multiple of 0.01: llguidance bounds a number's fraction
+    only so (xgrammar bounds it when the number has a range), and a random model never ends
+    an unbounded one."""
+    if isinstance(schema, dict):
+        out = {k: _fraction_bounded(v) for k, v in schema.items()}
+        if out.get("type") == "number":
+            out["multipleOf"] = 0.01
+        return out
+    if isinstance(schema, list):
+        return [_fraction_bounded(v) for v in schema]
+    return schema
+
+
+def test_llguidance_outputs_validate_greedy_and_with_beams(llama_dir):
+    """The other backend (`--grammar-backend llguidance`), in-process: 40 schemas greedy, 3
+    with 4 beams (both returned), each output valid."""
+    s = make_scheduler(llama_dir, grammar_backend="llguidance", max_total_tokens=65536)
+    prompt = s.tokenizer.encode("Answer in JSON:")
+    batch = [_fraction_bounded(x) for x in SCHEMAS[:40]]
+    rids = {}
+    for i, schema in enumerate(batch):
+        beams = {"num_beams": 4, "num_return_sequences": 2} if i < 3 else {}
+        sp = SamplingParams.from_dict({"max_new_tokens": MAX, "temperature": 0, **beams,
+                                       "json_schema": json.dumps(schema)})
+        tr = TokenizedRequest(rid=str(i), encoder_input_ids=[], decoder_input_ids=prompt,
+                              sampling_params=sp)
+        if beams:
+            tr.beam_rids = [str(i), f"{i}-1"]
+        rids[i] = tr.beam_rids or [str(i)]
+        s.add_request(tr)
+    out = run_to_completion(s)
+    for i, schema in enumerate(batch):
+        for rid in rids[i]:
+            ids = out[rid]
+            assert ids[-1] in s.eos_ids, (i, s.tokenizer.decode(ids))
+            _valid(s.tokenizer.decode(ids[:-1]), schema)
+
+
 def test_sampled_choices_validate(client):
     r = client.chat.completions.create(
         model="grammar", messages=ASK, max_tokens=MAX, temperature=1.0, seed=7, n=4,
@@ -191,17 +230,67 @@ def test_bad_grammars_are_a_400_naming_the_field(client, kwargs, param, why):
 
 
 # --- the masks, step by step, against xgrammar's reference matcher and HF's logits ---------
-@pytest.mark.parametrize("overlap", [True, False])
-def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, overlap):
+class _XgrReference:
+    """xgrammar's own matcher, built from the HF tokenizer (not through runtime/grammar/)."""
+
+    def __init__(self, tok, vocab: int, stops: list[int], kind: str, text: str) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=stops)
+        compiler = xgr.GrammarCompiler(info)
+        self.m = xgr.GrammarMatcher(compiler.compile_json_schema(text, any_whitespace=False)
+                                    if kind == "json_schema" else compiler.compile_grammar(text))
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab)
+
+    def mask(self) -> torch.Tensor:
+        self.m.fill_next_token_bitmask(self.bitmask)
+        return self.bitmask
+
+    def accept(self, token: int) -> bool:
+        return self.m.accept_token(token)
+
+    def done(self) -> bool:
+        return self.m.is_terminated()
+
+
+class _LlgReference:
+    """llguidance's own matcher, its tokenizer read from the HF tokenizer by llguidance."""
+
+    def __init__(self, tok, vocab: int, stops: list[int], kind: str, text: str) -> None:
+        import llguidance
+        import llguidance.hf
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        from seq2serve.runtime.grammar.llg_row import JSON_DEFAULTS
+
+        lt = llguidance.hf.from_tokenizer(tok, n_vocab=vocab, eos_token=stops)
+        grammar = (llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
+                   if kind == "json_schema" else gbnf_to_lark(text))
+        self.m = llguidance.LLMatcher(lt, grammar, log_level=0)
+        self.bitmask = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
+
+    def mask(self) -> torch.Tensor:
+        self.m.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)
+        return self.bitmask
+
+    def accept(self, token: int) -> bool:
+        return self.m.consume_token(token)
+
+    def done(self) -> bool:
+        return self.m.is_stopped()
+
+
+@pytest.mark.parametrize("backend, overlap", [("xgrammar", True), ("xgrammar", False),
+                                              ("llguidance", True)])
+def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, backend,
+                                                        overlap):
     """With the overlap schedule, the grammar rows' steps are launched before the host has
     read their last tokens, and their masks are filled late (while the forward runs): the
     masks and tokens must be the same as when every step waits, and a plain request beside
-    them keeps its tokens."""
+    them keeps its tokens. Each backend against its own matcher."""
     from transformers import LlamaForCausalLM
 
     import seq2serve.runtime.scheduler.step_launcher as launcher
 
-    s = make_scheduler(llama_dir, disable_overlap_schedule=not overlap)
+    s = make_scheduler(llama_dir, disable_overlap_schedule=not overlap, grammar_backend=backend)
     tok, vocab = s.tokenizer, s.model_config.vocab_size
     masks: dict[str, list[torch.Tensor]] = {"schema": [], "ebnf": []}
     fill = launcher.grammar_masks
@@ -233,9 +322,6 @@ def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, o
     # the overlap schedule stayed on: nearly every decode step filled its masks late
     assert (sum(late) > 0.8 * len(out["schema"])) if overlap else not any(late)
 
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab,
-                                              stop_token_ids=list(s.eos_ids))
-    compiler = xgr.GrammarCompiler(info)
     hf = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
     special = torch.zeros(vocab, dtype=torch.bool)
     special[tok.all_special_ids] = True
@@ -245,8 +331,8 @@ def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, o
     assert out["free"] == logits.argmax(-1).tolist()  # the plain neighbour: HF's greedy tokens
     for rid, (kind, text) in grammars.items():
         tokens = out[rid]
-        ref = xgr.GrammarMatcher(compiler.compile_json_schema(text, any_whitespace=False)
-                                 if kind == "json_schema" else compiler.compile_grammar(text))
+        ref = (_XgrReference if backend == "xgrammar" else _LlgReference)(
+            tok, vocab, list(s.eos_ids), kind, text)
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:]
         assert tokens[-1] in s.eos_ids
@@ -254,15 +340,13 @@ def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, o
         # mask (the matcher terminated) allows everything, and its token is dropped
         extra = masks[rid][len(tokens):]
         assert len(extra) == (1 if overlap else 0) and all((m == -1).all() for m in extra)
-        bitmask = xgr.allocate_token_bitmask(1, vocab)
         for k, token in enumerate(tokens):
-            ref.fill_next_token_bitmask(bitmask)
-            want = allowed(bitmask, vocab)[0]
+            want = allowed(ref.mask(), vocab)[0]
             got = allowed(masks[rid][k][None], vocab)[0]
             # the runtime never places a special token's name inside a string (the
             # detokenizer drops it); the reference takes them as text there
             assert torch.equal(got & ~special, want & ~special), (rid, k)
             assert not (got & ~want).any(), (rid, k)
             assert token == int(logits[k].masked_fill(~got, float("-inf")).argmax()), (rid, k)
-            assert ref.accept_token(token), (rid, k)
-        assert ref.is_terminated()
+            assert ref.accept(token), (rid, k)
+        assert ref.done()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch_batched", "torch_native", "triton")
 QUANTIZATIONS = ("int8", "fp8")
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance")  # runtime/grammar/compiler.py: BACKENDS
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class ServerArgs:
     disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
     cuda_graph_max_bs: int = 256  # largest decode batch captured
     cuda_graph_max_prefill_tokens: int = 32  # shorter prefills replay decode graphs (0: never)
+    grammar_backend: str = "xgrammar"  # constrained decoding's matchers: xgrammar or llguidance
     # caches
     disable_radix_cache: bool = False  # turn off decoder prefix reuse
     disable_encoder_cache: bool = False  # turn off encoder output (cross K/V) reuse
@@ -117,6 +119,9 @@ class ServerArgs:
         if self.int8_activations and self.quantization != "int8":
             raise ValueError("int8_activations needs quantization='int8' (it quantizes the "
                              f"activations of int8 weights' products), got {self.quantization!r}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, "
+                             f"got {self.grammar_backend!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"

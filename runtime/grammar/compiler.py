@@ -1,33 +1,39 @@
-"""`GrammarCache`: a request's grammar compiled against the model's vocabulary, cached by its
-text, and a fresh matcher for each request row.
+"""`GrammarCache`: a request's grammar compiled against the model's vocabulary by the grammar
+backend (`xgr_row.py`: xgrammar, `llg_row.py`: llguidance; `--grammar-backend`), cached by
+its text, and a fresh matcher for each request row.
 
 Kinds, by SGLang's names: `json_schema` (a JSON Schema as text; OpenAI's `json_object` is the
-schema of any object), `regex`, `ebnf` (xgrammar's EBNF, root rule `root`). JSON is written
-without free whitespace (xgrammar's `any_whitespace=False`: `", "` and `": "` only): with any
-amount allowed, a weak or random model loops in whitespace until its token limit. Compiling is
-milliseconds for most schemas; the first grammar of a process also reads the vocabulary
-(~0.7 s for Llama 3's 128k tokens). Bad input is a ValueError naming the problem (the
-frontend's 400).
+schema of any object), `regex`, `ebnf` (xgrammar's EBNF, root rule `root`; llguidance reads
+it as GBNF). JSON is written without free whitespace (`", "` and `": "` only): with any amount
+allowed, a weak or random model loops in whitespace until its token limit. Bad input is a
+ValueError naming the problem (the frontend's 400).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from typing import Any
 
-import torch
-import xgrammar as xgr
-
+from seq2serve.runtime.grammar.bitmask import new_bitmask
 from seq2serve.runtime.grammar.expressible import missing_chars
 from seq2serve.runtime.grammar.matcher import RowGrammar
-from seq2serve.runtime.grammar.vocabulary import token_bytes, tokenizer_info, vocabulary_chars
+from seq2serve.runtime.grammar.vocabulary import token_bytes, vocabulary_chars
 
 KINDS = ("json_schema", "regex", "ebnf")
+BACKENDS = ("xgrammar", "llguidance")
 MAX_GRAMMAR_CHARS = 100_000
-_LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
+
+
+def make_backend(name: str, pieces: list[bytes], eos_token_id: int | None):
+    if name == "xgrammar":
+        from seq2serve.runtime.grammar.xgr_row import XgrBackend
+        return XgrBackend(pieces)
+    if name == "llguidance":
+        from seq2serve.runtime.grammar.llg_row import LlgBackend
+        return LlgBackend(pieces, eos_token_id)
+    raise ValueError(f"grammar backend must be one of {', '.join(BACKENDS)}, got {name!r}")
 
 
 class GrammarCache:
@@ -35,14 +41,15 @@ class GrammarCache:
     Lives in the scheduler process (the matchers are the scheduler's); compiles run on its
     compile thread (runtime/scheduler/grammar_compiles.py)."""
 
-    def __init__(self, tokenizer, vocab_size: int, capacity: int = 256) -> None:
+    def __init__(self, tokenizer, vocab_size: int, capacity: int = 256,
+                 backend: str = "xgrammar") -> None:
         self.pieces = token_bytes(tokenizer, vocab_size)
         self.vocab_size = vocab_size
         self.chars = vocabulary_chars(self.pieces)
-        self.compiler = xgr.GrammarCompiler(tokenizer_info(self.pieces), max_threads=1,
-                                            cache_enabled=False)
+        self.backend = make_backend(backend, self.pieces,
+                                    getattr(tokenizer, "eos_token_id", None))
         self.capacity = capacity
-        self._compiled: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.hits = self.misses = 0
         self._lock = threading.Lock()
 
@@ -50,7 +57,7 @@ class GrammarCache:
         with self._lock:
             return (kind, text) in self._compiled
 
-    def compiled(self, kind: str, text: str) -> xgr.CompiledGrammar:
+    def compiled(self, kind: str, text: str) -> Any:
         """Thread-safe: a compile thread may run this while the scheduler's loop takes hits
         (one compile at a time: the compiler runs on one thread)."""
         key = (kind, text)
@@ -71,18 +78,19 @@ class GrammarCache:
     def matcher(self, kind: str, text: str, stop_ids: tuple[int, ...]) -> RowGrammar:
         """A new request row's matcher; ValueError if the grammar is bad or the model's
         vocabulary cannot start it."""
+        compiled = self.compiled(kind, text)
         try:
-            m = RowGrammar(self.compiled(kind, text), stop_ids)
-        except RuntimeError as e:  # the backend's own checks
-            raise ValueError(f"{kind}: {_reason(e)}") from None
-        mask = torch.zeros(1, xgr.get_bitmask_shape(1, self.vocab_size)[1], dtype=torch.int32)
+            m = self.backend.row(compiled, stop_ids)
+        except ValueError as e:
+            raise ValueError(f"{kind}: {e}") from None
+        mask = new_bitmask(1, self.vocab_size)
         m.fill(mask, 0)
         if not m.terminated and not mask.any():
             raise ValueError(f"{kind}: no token of this model's vocabulary can begin an output "
                              f"the grammar allows")
         return m
 
-    def _compile(self, kind: str, text: str) -> xgr.CompiledGrammar:
+    def _compile(self, kind: str, text: str) -> Any:
         if kind not in KINDS:
             raise ValueError(f"unknown grammar kind {kind!r}; one of {', '.join(KINDS)}")
         if not isinstance(text, str) or not text:
@@ -91,14 +99,7 @@ class GrammarCache:
             raise ValueError(f"{kind} is {len(text)} characters, over {MAX_GRAMMAR_CHARS}")
         if kind == "json_schema":
             self._check_schema(text)
-        try:
-            if kind == "json_schema":
-                return self.compiler.compile_json_schema(text, any_whitespace=False)
-            if kind == "regex":
-                return self.compiler.compile_regex(text)
-            return self.compiler.compile_grammar(text)
-        except (RuntimeError, ValueError, TypeError) as e:
-            raise ValueError(f"{kind} is not valid: {_reason(e)}") from None
+        return self.backend.compile(kind, text)
 
     def _check_schema(self, text: str) -> None:
         try:
@@ -114,8 +115,3 @@ class GrammarCache:
                 f"output contains {' '.join(repr(c) for c in missing)}, which no token "
                 f"contains (arrays, enums and regexes without those characters can be)")
 
-
-def _reason(e: Exception) -> str:
-    """xgrammar's message without its time and source location ("[07:44:55] /x/y.cc:83: ")."""
-    lines = str(e).strip().splitlines()
-    return _LOCATION.sub("", lines[0]) if lines else type(e).__name__

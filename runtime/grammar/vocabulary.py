@@ -50,12 +50,6 @@ def _sentencepiece_bytes(tokenizer, vocab_size: int) -> list[bytes]:
     return pieces
 
 
-def tokenizer_info(pieces: list[bytes]) -> xgr.TokenizerInfo:
-    # stop tokens: none here (each matcher is given its request's)
-    return xgr.TokenizerInfo(pieces, xgr.VocabType.RAW, vocab_size=len(pieces),
-                             stop_token_ids=[])
-
-
 def vocabulary_chars(pieces: list[bytes]) -> frozenset[str]:
     """Every character some token's text contains."""
     chars: set[str] = set()

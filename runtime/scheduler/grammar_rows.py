@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
-from seq2serve.runtime.grammar.bitmask import new_bitmask
+from seq2serve.runtime.grammar.bitmask import step_bitmask
 from seq2serve.runtime.grammar.compiler import GrammarCache
-from seq2serve.runtime.grammar.matcher import RowGrammar, fill_rows
+from seq2serve.runtime.grammar.matcher import RowGrammar, accept_rows, fill_rows
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch
 
 DEAD_END = ("the grammar allows no token of this model's vocabulary at this point of the "
             "output (the vocabulary cannot write what the grammar requires next)")
@@ -31,8 +32,10 @@ class Grammars:
     vocabulary takes ~0.7 s for 128k tokens). `row` may run on a compile thread
     (grammar_compiles.py) while the loop calls `cached_row`."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...],
+                 backend: str = "xgrammar") -> None:
         self.tokenizer = tokenizer
+        self.backend = backend
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.cache: GrammarCache | None = None
@@ -45,7 +48,7 @@ class Grammars:
             raise ValueError(f"{sp.grammar[0]} needs the model's tokenizer; this model "
                              f"directory has none")
         if self.cache is None:
-            self.cache = GrammarCache(self.tokenizer, self.vocab_size)
+            self.cache = GrammarCache(self.tokenizer, self.vocab_size, backend=self.backend)
         return self.cache.matcher(*sp.grammar, self._stops(sp))
 
     def cached_row(self, sp: SamplingParams) -> RowGrammar | None:
@@ -73,9 +76,21 @@ def grammar_masks(reqs: list[Req], vocab_size: int) -> tuple[list[int], torch.Te
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
         return None
-    mask = new_bitmask(len(reqs), vocab_size)
+    mask = step_bitmask(len(reqs), vocab_size)
     fill_rows([(i, reqs[i].grammar) for i in rows], mask)
     return rows, mask
+
+
+def accept_tokens(batch: ScheduleBatch, ids: list[int]) -> dict[int, bool]:
+    """After a step is read: each sampled grammar row (not a beam row, not finished or
+    aborted meanwhile, not a prompt's earlier chunk) takes its token, all of them together
+    (llguidance's on its threads); batch row -> whether the grammar allowed it."""
+    rows = [i for i, r in enumerate(batch.reqs)
+            if r.grammar is not None and r.beam is None and not r.finished
+            and r.sampling_params.max_new_tokens != 0 and r not in batch.prefilling]
+    if not rows:
+        return {}
+    return dict(zip(rows, accept_rows([(batch.reqs[i].grammar, ids[i]) for i in rows])))
 
 
 def beam_grammars(group: BeamGroup, choices: list[tuple[int, int]]) -> list[RowGrammar] | None:

@@ -48,6 +48,7 @@ from seq2serve.runtime.scheduler.grammar_compiles import GrammarCompiles
 from seq2serve.runtime.scheduler.grammar_rows import (
     DEAD_END,
     Grammars,
+    accept_tokens,
     beam_grammars,
     set_beam_grammars,
 )
@@ -166,7 +167,8 @@ class Scheduler:
                                      begin_suppressed=model_config.begin_suppressed_token_ids,
                                      timestamp_tokens=model_config.timestamp_tokens)
         self.notices: list[TokenOutput] = []  # requests refused at admission
-        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids)
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids,
+                                 args.grammar_backend)
         self.compiles = GrammarCompiles(self.grammars)  # requests whose grammar compiles
 
     # --- requests in -------------------------------------------------------------------------
@@ -517,6 +519,7 @@ class Scheduler:
         if batch.scored:
             _hand_out_input_logprobs(batch.scored, result.input_token_logprobs,
                                      batch.prefilling)
+        allowed = accept_tokens(batch, ids)  # the grammar rows' tokens, all at once
         for i, req in enumerate(batch.reqs):
             if req.beam is not None or req.finished or req in batch.prefilling:
                 continue  # finished (or aborted) while this step was in flight; beam rows
@@ -525,7 +528,7 @@ class Scheduler:
                 outputs.append(self._finish_unsampled(req, now))
                 continue
             token = ids[i]
-            if (req.grammar is not None and not req.grammar.accept(token)
+            if (req.grammar is not None and not allowed.get(i, False)
                     and not self._forced_last(req, token)):
                 outputs.append(self._end_dead_grammar(req))
                 continue

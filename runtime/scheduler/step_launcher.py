@@ -86,7 +86,10 @@ class StepLauncher:
             # last one is still on the device, they are made once the host has read it
             # (`complete`), while the forward runs
             late = any(p and r.reads_history for r, p in zip(rows.reqs, pending))
-            sampling = self._sampling(rows.reqs, pending, beams, late)
+            # a late step's sampling batch is made by `complete`; until then the launch needs
+            # only its beam rows (whether the groups fit the CUDA graphs' cross grid)
+            sampling = (None if late and beams is None
+                        else self._sampling(rows.reqs, pending, beams, late))
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling)
         else:

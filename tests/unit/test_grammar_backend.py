@@ -1,6 +1,6 @@
 """The grammar backend's pieces without a model (runtime/grammar/): the vocabulary check, the
 compiled-grammar cache, a row's matcher, the bitmask's application; each against a reference
-written here or xgrammar's own."""
+written here or the backend's own; both backends (xgrammar, llguidance) where they differ."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def t5_tok():
     return load_tokenizer(str(T5_TOKENIZER))
 
 
-@pytest.fixture(scope="module")
-def t5_grammars(t5_tok):
-    return GrammarCache(t5_tok, T5_VOCAB, capacity=2)
+@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
+def t5_grammars(t5_tok, request):
+    return GrammarCache(t5_tok, T5_VOCAB, capacity=2, backend=request.param)
 
 
 @pytest.mark.parametrize("schema, chars", [
@@ -74,9 +74,16 @@ def test_t5_pieces_are_their_text_and_special_tokens_are_empty(t5_tok):
     assert pieces[-1] == b""  # past the tokenizer (a padded head's ids)
 
 
+BAD_REGEX = {"xgrammar": "regex is not valid: .*Unclosed",
+             "llguidance": "regex is not valid: .*unclosed character class"}
+BAD_EBNF = {"xgrammar": 'ebnf is not valid: .*"x" is not defined',
+            "llguidance": "ebnf is not valid: Rule 'x' not found"}
+
+
 def test_bad_grammars_are_named(t5_grammars):
-    for kind, text, why in (("regex", "[a-", "regex is not valid: .*Unclosed"),
-                            ("ebnf", "root ::= x", 'ebnf is not valid: .*"x" is not defined'),
+    name = t5_grammars.backend.name
+    for kind, text, why in (("regex", "[a-", BAD_REGEX[name]),
+                            ("ebnf", "root ::= x", BAD_EBNF[name]),
                             ("json_schema", "{bad", "json_schema is not JSON"),
                             ("json_schema", "[1]", "must be a JSON Schema"),
                             ("json_schema", '{"type": "bogus"}', "json_schema is not valid"),
@@ -96,9 +103,10 @@ def test_the_cache_keeps_the_most_recent_grammars(t5_grammars):
     assert [k for _, k in c._compiled] == ["a+", "c+"]
 
 
-def test_a_row_follows_its_tokens_and_a_fork_is_independent():
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_row_follows_its_tokens_and_a_fork_is_independent(backend):
     tok = load_tokenizer(str(LLAMA3_TOKENIZER))
-    cache = GrammarCache(tok, LLAMA_VOCAB)
+    cache = GrammarCache(tok, LLAMA_VOCAB, backend=backend)
     eot = tok.convert_tokens_to_ids("<|eot_id|>")
     row = cache.matcher("regex", "ab(c|d)", (eot,))
     ids = {s: tok.convert_tokens_to_ids(s) for s in ("ab", "c", "d", "x")}
@@ -126,6 +134,33 @@ def test_a_row_follows_its_tokens_and_a_fork_is_independent():
     for i, g in rows:
         g.fill(alone, i)
     assert torch.equal(together, alone) and not together[1].any()
+
+
+def test_llguidance_allows_each_rows_own_stop_tokens_where_the_grammar_may_end():
+    """llguidance's vocabulary has one end token (the tokenizer's EOS, here `<|eot_id|>`): a
+    row's own stop tokens take its place, as xgrammar's per-matcher stop tokens do."""
+    tok = load_tokenizer(str(LLAMA3_TOKENIZER))
+    cache = GrammarCache(tok, LLAMA_VOCAB, backend="llguidance")
+    eot, eof = tok.convert_tokens_to_ids("<|eot_id|>"), tok.convert_tokens_to_ids("<|end_of_text|>")
+    assert cache.backend.end == eot
+    nl = tok.convert_tokens_to_ids("Ċ")  # a text token as a stop token ("\n")
+    a = tok.convert_tokens_to_ids("a")
+    rows = [cache.matcher("regex", "a+", stops) for stops in ((eof,), (eof, eot), (nl,))]
+    mask = new_bitmask(3, LLAMA_VOCAB)
+    fill_rows(list(enumerate(rows)), mask)  # nothing written yet: no stop may come
+    ok = allowed(mask, LLAMA_VOCAB)
+    assert ok[:, a].all() and not ok[:, [eot, eof, nl]].any()
+    for g in rows:
+        assert g.accept(a)
+    fill_rows(list(enumerate(rows)), mask)
+    ok = allowed(mask, LLAMA_VOCAB)
+    assert ok[:, a].all()
+    assert ok[0, [eot, eof, nl]].tolist() == [False, True, False]
+    assert ok[1, [eot, eof, nl]].tolist() == [True, True, False]
+    assert ok[2, [eot, eof, nl]].tolist() == [False, False, True]
+    assert not rows[0].accept(eot) and rows[0].dead  # not this row's stop
+    assert rows[2].accept(nl) and rows[2].terminated
+    assert rows[1].accept(eof) and rows[1].terminated
 
 
 def test_the_mask_is_applied_to_the_named_rows_only():
