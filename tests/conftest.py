@@ -16,6 +16,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from seq2serve.tests.helpers import T5_CONFIGS, make_t5  # noqa: E402
 
+LONG = os.environ.get("SEQ2SERVE_LONG_TESTS") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `long` (a minute or so each, whose behaviour shorter tests also cover)
+    run with SEQ2SERVE_LONG_TESTS=1 only, to keep `make test` within CI's half hour."""
+    if LONG:
+        return
+    skip = pytest.mark.skip(reason="long: SEQ2SERVE_LONG_TESTS=1 runs it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def t5_checkpoints(tmp_path_factory) -> dict[str, str]:

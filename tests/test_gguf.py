@@ -323,6 +323,7 @@ def smollm2_cached(smollm2_gguf) -> Path:
     return target
 
 
+@pytest.mark.long  # (~50 s; int8's agreement is also checked on the random models)
 def test_smollm2_int8_keeps_next_token_agreement(smollm2_cached):
     """int8 weight-only (per-channel) against float32 on the same real weights, 200 prompts
     through the engine on the CPU (`seq2serve bench quality`'s measurement)."""

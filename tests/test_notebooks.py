@@ -88,7 +88,9 @@ def test_saved_without_outputs(path):
             assert not cell.outputs and cell.execution_count is None, cell.source[:60]
 
 
-@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [
+    pytest.param(p, id=p.stem, marks=() if p.name == "01_quickstart.ipynb" else pytest.mark.long)
+    for p in _notebooks()])  # (the others run a minute or so each: SEQ2SERVE_LONG_TESTS=1)
 def test_notebook_runs(path, kernel_name):
     nb = nbformat.read(path, as_version=4)
     # a failing cell raises CellExecutionError with the cell's traceback

@@ -40,9 +40,10 @@ def test_loading_warms_the_small_row_kernels_for_every_weight_shape(t5_dir, monk
 
     calls = []
     for module, name in [(triton_gemv, "gemv"), (triton_skinny, "skinny_gemm")]:
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda x, w, *a, real=real, **k: (
-            calls.append((x.shape[0], tuple(w.shape))), real(x, w, *a, **k))[1])
+        # recorded, not run (the interpreted kernels took a minute; their results are
+        # checked against the reference in the tests above)
+        monkeypatch.setattr(module, name, lambda x, w, *a, **k: (
+            calls.append((x.shape[0], tuple(w.shape))), x.new_zeros(x.shape[0], w.shape[0]))[1])
     config = ModelConfig.from_path(t5_dir)
     model = load_model(config, "cpu", torch.float32, ops=TritonOps(gemv_blocks=(16, 16)))
     from seq2serve.models.linear import Linear

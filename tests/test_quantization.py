@@ -327,6 +327,7 @@ def test_quality_compare_counts_agreement():
         prompts(201)
 
 
+@pytest.mark.long  # (~35 s: the CLI end to end)
 def test_bench_quality_cli_reports(tmp_path, capsys):
     from seq2serve.runtime.cli import main
     from seq2serve.runtime.tools.demo_checkpoint import write_llama_checkpoint
