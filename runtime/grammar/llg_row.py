@@ -15,7 +15,6 @@ building one compiles the grammar).
 
 from __future__ import annotations
 
-import json
 import re
 
 import llguidance
@@ -71,9 +70,7 @@ class LlgBackend:
                 grammar = llguidance.LLMatcher.grammar_from_regex(text)
             else:  # xgrammar's EBNF is GBNF's dialect
                 grammar = gbnf_to_lark(text)
-        except (ValueError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{kind} is not valid: {e}") from None
-        except Exception as e:  # gbnf_to_lark raises bare Exceptions ("Rule 'x' not found")
+        except Exception as e:  # (gbnf_to_lark raises bare Exceptions: "Rule 'x' not found")
             raise ValueError(f"{kind} is not valid: {e}") from None
         fresh = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if fresh.is_error():
