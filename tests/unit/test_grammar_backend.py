@@ -92,6 +92,19 @@ def test_bad_grammars_are_named(t5_grammars):
             t5_grammars.matcher(kind, text, (1,))
 
 
+def test_the_server_option_names_the_backends_the_cache_makes(t5_tok):
+    """`--grammar-backend`'s choices (runtime/config, which may not import runtime/grammar)
+    are the backends `make_backend` knows; any other name is refused by name."""
+    from seq2serve.runtime.config.server_args import GRAMMAR_BACKENDS, ServerArgs
+    from seq2serve.runtime.grammar.compiler import BACKENDS
+
+    assert GRAMMAR_BACKENDS == BACKENDS
+    with pytest.raises(ValueError, match="grammar_backend must be one of"):
+        ServerArgs(model_path="x", grammar_backend="outlines")
+    with pytest.raises(ValueError, match="grammar backend must be one of"):
+        GrammarCache(t5_tok, T5_VOCAB, backend="outlines")
+
+
 def test_the_cache_keeps_the_most_recent_grammars(t5_grammars):
     c = t5_grammars
     c.compiled("regex", "a+")
