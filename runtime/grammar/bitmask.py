@@ -10,6 +10,7 @@ the same gathered logits.
 from __future__ import annotations
 
 import torch
+import xgrammar as xgr
 
 WORD_BITS = 32
 
@@ -53,7 +54,5 @@ def step_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     """Set the disallowed tokens of the batch rows `rows` to -inf, in place (`bitmask` has a
     row per batch row; only those named are read)."""
-    import xgrammar as xgr  # (here: a second of a scheduler's start-up, for grammar steps only)
-
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1],
                                     indices=None if len(rows) == logits.shape[0] else rows)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import re
 
+import xgrammar as xgr
+
 _SPIECE_SPACE = "\u2581".encode()
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def token_bytes(tokenizer, vocab_size: int) -> list[bytes]:
     """Each id's bytes in the output (ids past the tokenizer's, a padded LM head's: empty)."""
-    import xgrammar as xgr  # (here: the scheduler imports this module at start-up)
-
     try:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
     except ValueError:  # a tokenizer class xgrammar does not read (Marian's)
