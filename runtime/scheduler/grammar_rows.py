@@ -7,11 +7,15 @@ The mask of a step needs the token of the step before. In the overlap schedule a
 launched before the host has read the one in flight, so its grammar rows' masks are filled
 late: the forward is queued at launch, the host reads the step before (the matchers take
 their tokens), fills the masks and then queues the sampler (`StepLauncher.complete`), while
-the device runs the forward. With tensor parallelism (the other ranks sample from the batch
+the device runs the forward. The masks of the rows outside beam groups are filled on a
+thread (`MaskFill`; both backends fill without the GIL) while the host processes the rest of
+the step it read; beam rows take their matchers from their parents only at the end of it. With tensor parallelism (the other ranks sample from the batch
 they were sent) grammar rows keep every step waiting for the one before.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -21,7 +25,6 @@ from seq2serve.runtime.grammar.compiler import GrammarCache
 from seq2serve.runtime.grammar.matcher import RowGrammar, accept_rows, fill_rows
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.req import Req
-from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch
 
 DEAD_END = ("the grammar allows no token of this model's vocabulary at this point of the "
             "output (the vocabulary cannot write what the grammar requires next)")
@@ -81,16 +84,48 @@ def grammar_masks(reqs: list[Req], vocab_size: int) -> tuple[list[int], torch.Te
     return rows, mask
 
 
-def accept_tokens(batch: ScheduleBatch, ids: list[int]) -> dict[int, bool]:
-    """After a step is read: each sampled grammar row (not a beam row, not finished or
-    aborted meanwhile, not a prompt's earlier chunk) takes its token, all of them together
-    (llguidance's on its threads); batch row -> whether the grammar allowed it."""
-    rows = [i for i, r in enumerate(batch.reqs)
-            if r.grammar is not None and r.beam is None and not r.finished
-            and r.sampling_params.max_new_tokens != 0 and r not in batch.prefilling]
+class MaskFill:
+    """A late step's grammar masks, those of its rows outside beam groups filled on a thread
+    from now on (call it once their matchers took the step before's tokens); `result()`
+    waits for them, fills the beam rows' (their matchers are set when the step before is
+    processed) and returns the step's bitmask."""
+
+    def __init__(self, reqs: list[Req], vocab_size: int) -> None:
+        self.reqs = reqs
+        self.mask = step_bitmask(len(reqs), vocab_size)
+        solo = [(i, r.grammar) for i, r in enumerate(reqs)
+                if r.grammar is not None and r.beam is None]
+        self.beam_rows = [i for i, r in enumerate(reqs)
+                          if r.grammar is not None and r.beam is not None]
+        self.filling: Future | None = _filler().submit(fill_rows, solo, self.mask) if solo \
+            else None
+
+    def result(self) -> torch.Tensor:
+        if self.filling is not None:
+            self.filling.result()
+        if self.beam_rows:
+            fill_rows([(i, self.reqs[i].grammar) for i in self.beam_rows], self.mask)
+        return self.mask
+
+
+_thread: ThreadPoolExecutor | None = None
+
+
+def _filler() -> ThreadPoolExecutor:
+    global _thread
+    if _thread is None:
+        _thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+    return _thread
+
+
+def accept_tokens(reqs: list[Req], rows: list[int], ids: list[int]) -> dict[int, bool]:
+    """After a step is read: the grammar rows among `rows` (the batch rows that take their
+    token) take it, all of them together (llguidance's on its threads); batch row -> whether
+    the grammar allowed it."""
+    rows = [i for i in rows if reqs[i].grammar is not None]
     if not rows:
         return {}
-    return dict(zip(rows, accept_rows([(batch.reqs[i].grammar, ids[i]) for i in rows])))
+    return dict(zip(rows, accept_rows([(reqs[i].grammar, ids[i]) for i in rows])))
 
 
 def beam_grammars(group: BeamGroup, choices: list[tuple[int, int]]) -> list[RowGrammar] | None:
