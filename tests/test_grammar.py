@@ -306,16 +306,8 @@ def test_masks_and_tokens_follow_the_reference_matcher(llama_dir, monkeypatch, b
         late.append(f.late is not None)
         return complete(self, f)
 
-    def waiting(self):  # a late step's masks, filled on a thread
-        mask = result(self)
-        for i, r in enumerate(self.reqs):
-            if r.grammar is not None:
-                masks[r.rid].append(mask[i].clone())
-        return mask
-
-    complete, result = launcher.StepLauncher.complete, launcher.MaskFill.result
+    complete = launcher.StepLauncher.complete
     monkeypatch.setattr(launcher, "grammar_masks", recording)
-    monkeypatch.setattr(launcher.MaskFill, "result", waiting)
     monkeypatch.setattr(launcher.StepLauncher, "complete", completing)
     prompt = tok.encode("JSON:")
     grammars = {"schema": ("json_schema", json.dumps(PERSON)), "ebnf": ("ebnf", EBNF)}

@@ -89,17 +89,12 @@ class LlgRow:
         self.end = end
         self.matcher = state or fresh.deep_copy()
         self.dead = False
-        # a stop token was accepted, or, without stop tokens (a model with no EOS), the
-        # grammar is complete (kept here, not asked of the matcher: the scheduler reads it
-        # while another thread may be filling this row's mask)
-        self.ended = self._stopped()
+        self.ended = False  # a stop token was accepted
 
     @property
     def terminated(self) -> bool:
-        return self.ended
-
-    def _stopped(self) -> bool:
-        return not self.stop_ids and self.matcher.is_stopped()
+        # without stop tokens (a model with no EOS) the row ends when the grammar does
+        return self.ended or (not self.stop_ids and self.matcher.is_stopped())
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.dead or self.terminated:
@@ -117,8 +112,7 @@ class LlgRow:
 
     def reset(self) -> None:
         self.matcher = self.fresh.deep_copy()  # (a dead row's matcher is in its error state)
-        self.dead = False
-        self.ended = self._stopped()
+        self.dead = self.ended = False
 
     @staticmethod
     def accept_many(rows: list[tuple[LlgRow, int]]) -> list[bool]:
@@ -142,7 +136,7 @@ class LlgRow:
         for k, ok in zip(at, done):
             g, token = rows[k]
             g.dead = not ok
-            g.ended = ok and (token in g.stop_ids or g._stopped())
+            g.ended = ok and token in g.stop_ids
             out[k] = ok
         return out
 

@@ -56,13 +56,10 @@ class XgrRow:
             compiled, override_stop_tokens=list(stop_ids) or None,
             terminate_without_stop_token=not stop_ids)
         self.dead = False
-        # (kept here, not asked of the matcher: the scheduler reads it while another thread
-        # may be filling this row's mask)
-        self.ended = self.matcher.is_terminated()
 
     @property
     def terminated(self) -> bool:
-        return self.ended
+        return self.matcher.is_terminated()
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.dead or self.terminated:
@@ -75,7 +72,6 @@ class XgrRow:
             return False
         if not self.matcher.accept_token(token):
             self.dead = True
-        self.ended = self.matcher.is_terminated()
         return not self.dead
 
     def fork(self) -> XgrRow:
@@ -86,7 +82,6 @@ class XgrRow:
     def reset(self) -> None:
         self.matcher.reset()
         self.dead = False
-        self.ended = self.matcher.is_terminated()
 
     @staticmethod
     def accept_many(rows: list[tuple[XgrRow, int]]) -> list[bool]:

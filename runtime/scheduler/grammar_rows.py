@@ -7,15 +7,11 @@ The mask of a step needs the token of the step before. In the overlap schedule a
 launched before the host has read the one in flight, so its grammar rows' masks are filled
 late: the forward is queued at launch, the host reads the step before (the matchers take
 their tokens), fills the masks and then queues the sampler (`StepLauncher.complete`), while
-the device runs the forward. The masks of the rows outside beam groups are filled on a
-thread (`MaskFill`; both backends fill without the GIL) while the host processes the rest of
-the step it read; beam rows take their matchers from their parents only at the end of it. With tensor parallelism (the other ranks sample from the batch
+the device runs the forward. With tensor parallelism (the other ranks sample from the batch
 they were sent) grammar rows keep every step waiting for the one before.
 """
 
 from __future__ import annotations
-
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -82,40 +78,6 @@ def grammar_masks(reqs: list[Req], vocab_size: int) -> tuple[list[int], torch.Te
     mask = step_bitmask(len(reqs), vocab_size)
     fill_rows([(i, reqs[i].grammar) for i in rows], mask)
     return rows, mask
-
-
-class MaskFill:
-    """A late step's grammar masks, those of its rows outside beam groups filled on a thread
-    from now on (call it once their matchers took the step before's tokens); `result()`
-    waits for them, fills the beam rows' (their matchers are set when the step before is
-    processed) and returns the step's bitmask."""
-
-    def __init__(self, reqs: list[Req], vocab_size: int) -> None:
-        self.reqs = reqs
-        self.mask = step_bitmask(len(reqs), vocab_size)
-        solo = [(i, r.grammar) for i, r in enumerate(reqs)
-                if r.grammar is not None and r.beam is None]
-        self.beam_rows = [i for i, r in enumerate(reqs)
-                          if r.grammar is not None and r.beam is not None]
-        self.filling: Future | None = _filler().submit(fill_rows, solo, self.mask) if solo \
-            else None
-
-    def result(self) -> torch.Tensor:
-        if self.filling is not None:
-            self.filling.result()
-        if self.beam_rows:
-            fill_rows([(i, self.reqs[i].grammar) for i in self.beam_rows], self.mask)
-        return self.mask
-
-
-_thread: ThreadPoolExecutor | None = None
-
-
-def _filler() -> ThreadPoolExecutor:
-    global _thread
-    if _thread is None:
-        _thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-    return _thread
 
 
 def accept_tokens(reqs: list[Req], rows: list[int], ids: list[int]) -> dict[int, bool]:

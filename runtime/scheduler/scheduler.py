@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -394,9 +393,7 @@ class Scheduler:
             ahead = rows_ahead(self.running, prev.batch.sampled, self.memory.page_size)
             if ahead is not None and ahead[0] and self.memory.make_room(ahead[1]):
                 self.in_flight = self._launch(ForwardMode.DECODE, ahead[0], prev=prev)
-                # (its grammar masks are filled on a thread from the moment the matchers have
-                # taken prev's tokens, while the host processes the rest of prev)
-                outputs = self._resolve(prev, lambda: self.launcher.fill_masks(self.in_flight))
+                outputs = self._resolve(prev)
                 # the sampling fields that read the rows' last tokens (grammar masks,
                 # penalties, n-gram bans), now that the host has them (the device runs the
                 # forward meanwhile)
@@ -503,20 +500,17 @@ class Scheduler:
         self._count(mode.value, launched.batch.batch_size)
         return launched
 
-    def _resolve(self, f: InFlight,
-                 accepted: Callable[[], None] | None = None) -> list[OutputItem]:
+    def _resolve(self, f: InFlight) -> list[OutputItem]:
         assert f.pending is not None, "a step with late grammar masks is completed first"
         start = time.perf_counter()
         result = f.pending.wait()
         self.wait_seconds += time.perf_counter() - start  # the host idle, waiting for the device
         self.device_seconds += result.device_seconds
-        return self._process(f.batch, result, accepted)
+        return self._process(f.batch, result)
 
-    def _process(self, batch: ScheduleBatch, result: StepOutput,
-                 accepted: Callable[[], None] | None = None) -> list[OutputItem]:
+    def _process(self, batch: ScheduleBatch, result: StepOutput) -> list[OutputItem]:
         """Append each request's new token and check its stop conditions. Streaming requests
-        get an output every step; the others one output, with everything, when they finish.
-        `accepted` is called once the grammar rows have taken their tokens."""
+        get an output every step; the others one output, with everything, when they finish."""
         outputs: list[OutputItem] = []
         streamed = StreamedTokens()  # the rows whose output is their token alone
         plain = self.args.cache_isolation != "shared"  # (shared: each output has its hits)
@@ -533,8 +527,6 @@ class Scheduler:
             if not (req.beam is not None or req.finished or req in batch.prefilling):
                 (taking if req.sampling_params.max_new_tokens else unsampled).append(i)
         allowed = accept_tokens(reqs, taking, ids)  # the grammar rows' tokens, all at once
-        if accepted is not None:
-            accepted()
         outputs += [self._finish_unsampled(reqs[i], now) for i in unsampled]
         for i in taking:
             req = reqs[i]

@@ -22,7 +22,7 @@ from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
-from seq2serve.runtime.scheduler.grammar_rows import MaskFill, grammar_masks
+from seq2serve.runtime.scheduler.grammar_rows import grammar_masks
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
@@ -43,7 +43,6 @@ class InFlight:
     # batch is made again (`StepLauncher.complete`), with the beam fields of its launch
     late: Callable[[], StepOutput] | None = None
     beams: dict | None = None
-    masks: MaskFill | None = None  # its grammar masks being filled (`fill_masks`)
 
 
 class StepLauncher:
@@ -102,13 +101,6 @@ class StepLauncher:
             return InFlight(batch, None, self.executor.launch_forward(wb), beams)
         return InFlight(batch, self.executor.launch(wb))
 
-    def fill_masks(self, f: InFlight | None) -> None:
-        """Start filling the grammar masks of a step launched with late sampling fields (on a
-        thread), once its rows' matchers have taken the tokens of the step before."""
-        if f is not None and f.late is not None and any(r.grammar is not None
-                                                        for r in f.batch.reqs):
-            f.masks = MaskFill(f.batch.reqs, self.vocab_size)
-
     def complete(self, f: InFlight) -> None:
         """Queue the sampler of a step launched with late sampling fields, now that the host
         has read the step before it (its rows' last tokens are in their outputs, their
@@ -118,27 +110,20 @@ class StepLauncher:
         if f.late is None:
             return
         wb = f.batch.worker_batch
-        wb.sampling = self._sampling(f.batch.reqs, 0, f.beams, False, f.masks)
-        f.pending, f.late, f.masks = f.late(), None, None
+        wb.sampling = self._sampling(f.batch.reqs, 0, f.beams, False)
+        f.pending, f.late = f.late(), None
         self.late_steps += 1
 
     def _sampling(self, reqs: list[Req], pending: int | list[int], beams: dict | None,
-                  late: bool, masks: MaskFill | None = None) -> SamplingBatch:
+                  late: bool) -> SamplingBatch:
         """The step's sampling batch; `late`: the grammar masks are left unfilled (and the
-        history-read fields are made again by `complete`); `masks`: being filled, waited for
-        once the rest of the batch is made."""
+        history-read fields are made again by `complete`)."""
         marked = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        grammar = ((marked, None) if (late or masks is not None) and marked
-                   else grammar_masks(reqs, self.vocab_size))
-        sampling = SamplingBatch.from_reqs(reqs, self.vocab_size, self.eos_ids, self.device,
-                                           pending=pending, beams=beams,
-                                           forced_eos=self.forced_eos,
-                                           begin_suppressed=self.begin_suppressed,
-                                           grammar=grammar,
-                                           timestamp_tokens=self.timestamp_tokens)
-        if masks is not None:
-            sampling.grammar_mask = masks.result().to(self.device, non_blocking=True)
-        return sampling
+        grammar = (marked, None) if late and marked else grammar_masks(reqs, self.vocab_size)
+        return SamplingBatch.from_reqs(reqs, self.vocab_size, self.eos_ids, self.device,
+                                       pending=pending, beams=beams, forced_eos=self.forced_eos,
+                                       begin_suppressed=self.begin_suppressed, grammar=grammar,
+                                       timestamp_tokens=self.timestamp_tokens)
 
     def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
                      order: torch.Tensor | None) -> dict:
