@@ -14,6 +14,12 @@ import pytest  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on CI's two cores: one thread each (and in the servers and
+    # engines they start), not two threads each contending for a core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 from seq2serve.tests.helpers import T5_CONFIGS, make_t5  # noqa: E402
 
 LONG = os.environ.get("SEQ2SERVE_LONG_TESTS") == "1"
