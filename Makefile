@@ -36,9 +36,11 @@ generate: setup
 	$(BIN)/seq2serve generate $(ARGS)
 
 # `python -m pytest`, not bin/pytest: a reused virtualenv (CI links one in) keeps the script
-# shebangs of the checkout that installed it
+# shebangs of the checkout that installed it. Two workers (CI has two cores), each taking
+# whole files (a file's fixtures are made once); TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -m "not gpu"
+	$(BIN)/python -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -25,9 +25,19 @@ from seq2serve.tests.helpers import T5_CONFIGS, make_t5  # noqa: E402
 LONG = os.environ.get("SEQ2SERVE_LONG_TESTS") == "1"
 
 
+# the files that take longest on CI's two cores (`--durations`), run first: `make test`'s two
+# workers take whole files in this order, so none is left running one of them at the end
+FIRST = ["test_readme.py", "test_reliability.py", "test_tensor_parallel.py",
+         "test_notebooks.py", "test_gguf.py", "test_kernel_compile.py", "test_ops.py",
+         "test_audio_api.py", "test_server_hardening.py", "test_server.py", "test_lang.py"]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `long` (a minute or so each, whose behaviour shorter tests also cover)
-    run with SEQ2SERVE_LONG_TESTS=1 only, to keep `make test` within CI's half hour."""
+    """The longest files first (`FIRST`). Tests marked `long` (a minute or so each, whose
+    behaviour shorter tests also cover) run with SEQ2SERVE_LONG_TESTS=1 only, to keep `make
+    test` within CI's half hour."""
+    rank = {name: k for k, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # (stable)
     if LONG:
         return
     skip = pytest.mark.skip(reason="long: SEQ2SERVE_LONG_TESTS=1 runs it")

@@ -133,17 +133,19 @@ def html_sample(sections: int = 12, seed: int = 1) -> Sample:
     return d
 
 
-def repeated_documents(count: int = 200, repeat_share: float = 0.3,
-                       seed: int = 2) -> tuple[list[str], list[list[str]]]:
-    """`count` plain-text documents of 3 to 5 sentences, `repeat_share` of all sentences
-    drawn from a small pool of common ones (headers, boilerplate) and the rest unique. The
-    documents and each one's sentences."""
+def repeated_documents(count: int = 200, repeat_share: float = 0.3, seed: int = 2,
+                       sentences_per_doc: tuple[int, int] = (3, 5),
+                       ) -> tuple[list[str], list[list[str]]]:
+    """`count` plain-text documents of 3 to 5 sentences (`sentences_per_doc`, both ends
+    included), `repeat_share` of all sentences drawn from a small pool of common ones
+    (headers, boilerplate) and the rest unique. The documents and each one's sentences."""
     g = _Sentences(seed)
     common = [f"Page {i} of the manual." for i in range(1, 13)]
     docs, sentences = [], []
+    low, high = sentences_per_doc
     for _ in range(count):
         mine = [g.rng.choice(common) if g.rng.random() < repeat_share else g.one()
-                for _ in range(g.rng.randrange(3, 6))]
+                for _ in range(g.rng.randrange(low, high + 1))]
         sentences.append(mine)
         docs.append(join_sentences(mine))
     return docs, sentences
