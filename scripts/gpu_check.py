@@ -12,7 +12,9 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
    JSON-schema answer on Llama (it parses and is one of the schema's values).
 3. `bench`: a short `bench one-batch` and `bench offline` on mT5-large, and
    `benchmarks/bench_grammar.py` on the Llama-3.2-1B shape (64 JSON-schema requests against
-   the same batch without grammars) (figures printed).
+   the same batch without grammars), `benchmarks/bench_documents.py` on the NLLB-600M shape
+   (20 documents of 50 sentences against the same sentences as a flat list) (figures
+   printed).
 4. `serving`: mT5-large served and loaded by `bench serving` (128 streams from 8 client
    processes, 512 requests, 64 -> 64), the offline engine on the same workload in the same
    run, served by four HTTP processes (`--api-server-count 4`): every request answered, and
@@ -258,6 +260,20 @@ def check_bench() -> bool:
         lines.append(f"grammar: step {g['step_ms']:.2f} ms against {f['step_ms']:.2f} ms free "
                      f"({r['step_ratio']:.2f}x), device busy {g['device_busy_share']:.0%} / "
                      f"{f['device_busy_share']:.0%}")
+    # issue 42's figure: documents of 50 sentences against the same sentences as a flat list
+    out = LOGS / "bench_documents.json"
+    p = subprocess.run([sys.executable, "benchmarks/bench_documents.py", "--device", "cuda",
+                        "--shape", "nllb-200-distilled-600m", "--documents", "20",
+                        "--sentences", "50", "--repeat-share", "0", "--max-new-tokens", "48",
+                        "--rounds", "9", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True)
+    if p.returncode or not out.exists():
+        ok = False
+        lines.append(p.stderr[-2000:])
+    else:
+        r = json.loads(out.read_text())
+        lines.append(f"documents: {r['ways']['documents']['sentences_per_s']:.0f} sentences/s, "
+                     f"{r['documents_vs_flat']:.2f}x the flat list")
     return verdict("bench", ok, " | ".join(lines))
 
 
