@@ -247,34 +247,37 @@ def check_bench() -> bool:
             lines.append(p.stderr[-2000:])
     # issue 41's figure: 64 JSON-schema requests on the Llama-3.2-1B shape against the same
     # batch without grammars (the overlap kept: docs/grammar.md)
-    out = LOGS / "bench_grammar.json"
-    p = subprocess.run([sys.executable, "benchmarks/bench_grammar.py", "--shape", "llama-3.2-1b",
-                        "--requests", "64", "--max-tokens", "256", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True)
-    if p.returncode or not out.exists():
-        ok = False
-        lines.append(p.stderr[-2000:])
-    else:
-        r = json.loads(out.read_text())
+    r = _bench_script(lines, "bench_grammar.py", "--shape", "llama-3.2-1b", "--requests", "64",
+                      "--max-tokens", "256")
+    if r is not None:
         g, f = r["grammar"], r["free"]
         lines.append(f"grammar: step {g['step_ms']:.2f} ms against {f['step_ms']:.2f} ms free "
                      f"({r['step_ratio']:.2f}x), device busy {g['device_busy_share']:.0%} / "
                      f"{f['device_busy_share']:.0%}")
     # issue 42's figure: documents of 50 sentences against the same sentences as a flat list
-    out = LOGS / "bench_documents.json"
-    p = subprocess.run([sys.executable, "benchmarks/bench_documents.py", "--device", "cuda",
-                        "--shape", "nllb-200-distilled-600m", "--documents", "20",
-                        "--sentences", "50", "--repeat-share", "0", "--max-new-tokens", "48",
-                        "--rounds", "9", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True)
-    if p.returncode or not out.exists():
-        ok = False
-        lines.append(p.stderr[-2000:])
-    else:
-        r = json.loads(out.read_text())
+    r = _bench_script(lines, "bench_documents.py", "--device", "cuda", "--shape",
+                      "nllb-200-distilled-600m", "--documents", "20", "--sentences", "50",
+                      "--repeat-share", "0", "--max-new-tokens", "48", "--rounds", "9")
+    if r is not None:
         lines.append(f"documents: {r['ways']['documents']['sentences_per_s']:.0f} sentences/s, "
                      f"{r['documents_vs_flat']:.2f}x the flat list")
+    ok = ok and not any(line.startswith(FAILED) for line in lines)
     return verdict("bench", ok, " | ".join(lines))
+
+
+FAILED = "failed: "
+
+
+def _bench_script(lines: list[str], script: str, *args: str) -> dict | None:
+    """Run benchmarks/`script` with `args` and a --json file: its JSON, or None (its error
+    appended to `lines`, starting with FAILED)."""
+    out = LOGS / script.replace(".py", ".json")
+    p = subprocess.run([sys.executable, f"benchmarks/{script}", *args, "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True)
+    if p.returncode or not out.exists():
+        lines.append(f"{FAILED}{script}: {p.stderr[-2000:]}")
+        return None
+    return json.loads(out.read_text())
 
 
 def check_serving() -> bool:
