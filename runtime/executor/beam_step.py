@@ -95,9 +95,16 @@ def move_pages(req_to_token: torch.Tensor, kv, moves: BeamMoves, parents: torch.
                               moves.starts, moves.max_beams)
         req_to_token[rows] = shared
         return
+    moved = src_rows != rows
+    if not rows.is_cuda:  # a nonzero costs nothing here: copy only the rows that moved
+        pick = moved.nonzero().squeeze(1)
+        theirs, own, moved = theirs[pick], own[pick], moved[pick]
+        shared_end, copy_len = moves.shared_end[pick], moves.copy_len[pick]
+    else:  # (no host sync: every row, those that keep their parent copying slot 0 to 0)
+        shared_end, copy_len = moves.shared_end, moves.copy_len
     width = torch.arange(moves.copy_width, device=rows.device)
-    pos = (moves.shared_end[:, None] + width[None, :]).clamp(max=ctx - 1)
-    copy = (width[None, :] < moves.copy_len[:, None]) & (src_rows != rows)[:, None]
+    pos = (shared_end[:, None] + width[None, :]).clamp(max=ctx - 1)
+    copy = (width[None, :] < copy_len[:, None]) & moved[:, None]
     # slots not to copy point at slot 0 (the pool's scratch page) on both sides
     src = torch.where(copy, theirs.gather(1, pos), 0).flatten().long()
     dst = torch.where(copy, own.gather(1, pos), 0).flatten().long()

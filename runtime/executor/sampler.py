@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from seq2serve.runtime.executor.beam_step import choose_beams
+from seq2serve.runtime.executor.beam_topk_torch import row_topk_beams
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.seeded_race import block_size, race
 from seq2serve.runtime.executor.token_filter import filter_probs
@@ -126,7 +127,7 @@ class Sampler:
         return logits.index_fill(-1, self.suppressed, float("-inf")).argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
-        if sb.beam_rows and logits.is_cuda and _plain_beams(sb):
+        if sb.beam_rows and _plain_beams(sb):
             return self._fused_beams(logits, sb)
         model_logits, logits = logits, logits.float()
         if sb.beam_rows:  # HF's beam search: the processors act on log-probs
@@ -165,16 +166,21 @@ class Sampler:
         return out
 
     def _fused_beams(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
-        """The beam candidates straight from the model's logits (triton_beam_topk.py: no
-        float32 copy, no full log-softmax, no torch top-k over [groups, rows * vocab]); the
-        rows after the beam rows as `__call__` treats them. A beam row's next token is the
-        argmax of its log-probs (+ its score: the lower token where rounding makes two equal),
-        as `_sample` gives it; `choose_beams` overwrites it for groups past their first step."""
-        from seq2serve.runtime.kernels.triton_beam_topk import beam_topk  # (Triton: CUDA only)
-
+        """The beam candidates straight from the model's logits (no float32 log-probs, no
+        torch top-k over [groups, rows * vocab]: triton_beam_topk.py on CUDA, each row's own
+        top-k on the CPU, beam_topk_torch.py); the rows after the beam rows as `__call__`
+        treats them. A beam row's next token is the argmax of its log-probs (the lower token
+        where rounding makes two equal), as `_sample` gives it; `choose_beams` overwrites it
+        for groups past their first step."""
         r = sb.beam_rows
-        values, ids, tokens = beam_topk(logits[:r], sb.beam_scores, sb.beam_buckets,
-                                        self.suppressed, argmax=True)
+        if logits.is_cuda:
+            from seq2serve.runtime.kernels.triton_beam_topk import beam_topk  # (CUDA only)
+
+            values, ids, tokens = beam_topk(logits[:r], sb.beam_scores, sb.beam_buckets,
+                                            self.suppressed, argmax=True)
+        else:
+            values, ids, tokens = row_topk_beams(logits[:r], sb.beam_scores,
+                                                 sb.beam_buckets, self.suppressed)
         if r < logits.shape[0]:
             tokens = torch.cat([tokens, self(logits[r:], _after_beams(sb)).next_token_ids])
         out = StepOutput(next_token_ids=tokens, beam_values=values, beam_ids=ids)
