@@ -247,6 +247,7 @@ def write_mllama_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "flo
     return out
 
 
+DEMO_MARIAN = ASSETS / "demo-marian-en-de"
 DEMO_MODEL = ASSETS / "demo-t5-numbers"
 
 
@@ -256,3 +257,11 @@ def default_demo_path() -> Path:
     if not (DEMO_MODEL / "model.safetensors").is_file():
         raise ValueError(f"the bundled demo model is missing from {DEMO_MODEL}")
     return DEMO_MODEL
+
+
+def demo_translation_path() -> Path:
+    """The bundled demo translation model: a small Marian trained (scripts/train_marian_demo.py)
+    to translate a controlled English into German (tests/toy_translation.py)."""
+    if not (DEMO_MARIAN / "model.safetensors").is_file():
+        raise ValueError(f"the bundled demo translation model is missing from {DEMO_MARIAN}")
+    return DEMO_MARIAN
