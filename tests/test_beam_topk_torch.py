@@ -83,3 +83,27 @@ def test_keep_over_the_vocabulary_and_every_token_but_one_suppressed():
     v, i, _ = row_topk_beams(logits, scores, [(1, 4, 8)], torch.tensor([0, 1, 2, 3, 4]))
     assert torch.isfinite(v[:4]).all() and not torch.isfinite(v[4:]).any()
     assert sorted(x % 6 for x in i[:4].tolist()) == [5, 5, 5, 5]
+
+
+def test_the_blocked_row_top_k_and_its_ties_on_a_long_vocabulary():
+    """Vocabularies long enough for `_row_top`'s blocks (a whole number of blocks and not):
+    the same candidates as the log-softmax chain; with many exactly equal logits, the
+    lower id first, as on a short vocabulary."""
+    from seq2serve.runtime.executor.beam_topk_torch import BLOCK
+
+    for vocab in (64 * BLOCK, 64 * BLOCK + 37):
+        gen = torch.Generator().manual_seed(vocab)
+        rows = sum(g * r for g, r, _ in BUCKETS)
+        logits = 3 * torch.randn(rows, vocab, generator=gen)
+        scores = -10 * torch.rand(rows, 1, generator=gen)
+        (ref_v, ref_i), _ = _reference(logits, scores, BUCKETS, torch.tensor([5, vocab - 1]))
+        v, i, _ = row_topk_beams(logits, scores, BUCKETS, torch.tensor([5, vocab - 1]))
+        torch.testing.assert_close(v, ref_v, rtol=1e-6, atol=1e-5)
+        assert torch.equal(i, ref_i)
+        ties = torch.randint(-3, 3, (5, vocab), generator=gen).float()
+        buckets = [(1, 1, 6), (1, 4, 12)]
+        v, i, best = row_topk_beams(ties, torch.zeros(5, 1), buckets)
+        logprobs = torch.log_softmax(ties, -1)
+        assert torch.equal(best, logprobs.argmax(-1))
+        flat = logprobs[1:].flatten().tolist()
+        assert i[6:].tolist() == sorted(range(len(flat)), key=lambda j: (-flat[j], j))[:12]

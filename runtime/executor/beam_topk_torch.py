@@ -1,10 +1,12 @@
 """Beam search's candidates on the CPU, as `kernels/triton_beam_topk.beam_topk` gives them on
 CUDA: each group's best `keep` of log_softmax(row)[token] + the row's score, from each row's
 own top-k of its logits. The row's best `keep` tokens hold every candidate of its group's
-best `keep`, and log_softmax(x)[t] + score = (x[t] - lse) + score is x[t] plus a constant of
-the row, so the order within a row is the logits' order: no [rows, vocab] float32 log-probs or
-`+ scores` tensor is written, and the top-k runs over [groups, rows * keep] instead of
-[groups, rows * vocab].
+best `keep`, and log_softmax(x)[t] + score is x[t] plus a constant of the row, so the order
+within a row is the logits' order: the scores are added to the candidates only, no argmax
+runs over the rows, and the groups' top-k runs over [groups, rows * keep] instead of
+[groups, rows * vocab]. Each row's own top-k reads a max per block of tokens first
+(`_row_top`). The candidates' values are HF's own: torch's log-softmax (one fused pass)
+read at their tokens, plus the score.
 
 Suppressed tokens count in the normaliser and are then -inf (HF's NoBadWordsLogitsProcessor
 acts on log-probs); the row's top-k takes as many more as there are suppressed tokens. Ties:
@@ -14,6 +16,28 @@ among equal values the lower id (row in group * vocab + token) comes first, as t
 from __future__ import annotations
 
 import torch
+
+BLOCK = 64  # tokens a block of `_row_top`'s first pass
+
+
+def _row_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest values and their tokens, best first, as `x.topk(k)` (equal values
+    at the k-th place: any of them). torch's CPU top-k over a long row costs as much as a
+    log-softmax; a max per block of BLOCK tokens costs a tenth of it. The k blocks with the
+    largest maxima hold the row's k largest values (an element outside them is at most the
+    least of k block maxima, each an element of its own block), so the top-k runs over those
+    blocks' k x BLOCK tokens (and the tail past the last whole block)."""
+    rows, vocab = x.shape
+    full = vocab // BLOCK * BLOCK
+    if full < 4 * k * BLOCK:
+        return x.topk(k, dim=-1)
+    maxima = x[:, :full].reshape(rows, full // BLOCK, BLOCK).amax(dim=-1)
+    blocks = maxima.topk(k, dim=-1).indices
+    cols = (blocks[:, :, None] * BLOCK + torch.arange(BLOCK, device=x.device)).flatten(1)
+    if full < vocab:
+        cols = torch.cat([cols, torch.arange(full, vocab, device=x.device).expand(rows, -1)], 1)
+    top, pick = x.gather(1, cols).topk(k, dim=-1)
+    return top, cols.gather(1, pick)
 
 
 def row_topk_beams(logits: torch.Tensor, beam_scores: torch.Tensor, buckets,
@@ -25,21 +49,21 @@ def row_topk_beams(logits: torch.Tensor, beam_scores: torch.Tensor, buckets,
     `buckets`: (groups, rows per group, keep) in row order."""
     x = logits.float()
     rows, vocab = x.shape
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
     keep_max = max((k for _, _, k in buckets), default=1)
     k = min(vocab, keep_max + (0 if suppressed is None else suppressed.numel()))
-    top, tokens = x.topk(min(vocab, k + 1), dim=-1)
+    top, tokens = _row_top(x, min(vocab, k + 1))
     if k < vocab:  # a tie across the k-th place: which of the equals topk keeps is unspecified
         tied = (top[:, k - 1] == top[:, k]).nonzero().squeeze(1)
         if tied.numel():  # those rows sorted whole, stably: equal values lower token first
             v, t = x[tied].sort(dim=-1, descending=True, stable=True)
             top[tied], tokens[tied] = v[:, :k + 1], t[:, :k + 1]
         top, tokens = top[:, :k], tokens[:, :k]
+    tokens = tokens.gather(1, tokens.argsort(dim=1))  # by token, for the ties' rule
+    # the log-probs as HF's chain computes them (torch's log-softmax: one fused pass, faster
+    # on the CPU than logsumexp), read at the candidates only
+    values = torch.log_softmax(x, dim=-1).gather(1, tokens) + beam_scores
     if suppressed is not None:
-        top = top.masked_fill(torch.isin(tokens, suppressed), float("-inf"))
-    order = tokens.argsort(dim=1)  # each row's candidates by token, for the ties' rule
-    tokens = tokens.gather(1, order)
-    values = (top.gather(1, order) - lse) + beam_scores
+        values = values.masked_fill(torch.isin(tokens, suppressed), float("-inf"))
     best = tokens.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)  # first maximum
     out_values, out_ids, start = [], [], 0
     for groups, group_rows, keep in buckets:
