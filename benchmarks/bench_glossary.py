@@ -24,10 +24,12 @@ inputs in one call, caches flushed; the median of the rounds after a warm-up).
 (`--count N`: every (200 / N)-th year only.)
 
 `--task marian`: 200 sentences of tests/toy_translation.py, each holding one of four plural
-nouns, with a glossary of other German words for them ("engines": "Triebwerke" where the
-model writes "Motoren"; "ships": "Boote", "lamps": "Leuchten", "towers": "Masten");
-"exact" counts outputs equal to the grammar's German with the model's word replaced by the
-term (the term in the right place and the rest of the sentence right).
+nouns, with a glossary that maps each to another German plural the model knows ("engines":
+"Maschinen" where the model writes "Motoren"; "ships": "Autos", "lamps": "Uhren",
+"towers": "Häuser"); `--task marian-unseen`: the same sentences with German words the model
+never saw ("Triebwerke", "Boote", "Leuchten", "Masten"). "exact" counts outputs equal to the
+grammar's German with the model's word replaced by the term: the term in its place and the
+rest of the sentence right.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ def glossary() -> dict[str, str]:
     return {y: t for y, t in terms.items() if t != number_to_words(int(y))}
 
 
-# (English plural, the model's German, the glossary's German)
-MARIAN_TERMS = [("engines", "Motoren", "Triebwerke"), ("ships", "Schiffe", "Boote"),
-                ("lamps", "Lampen", "Leuchten"), ("towers", "Türme", "Masten")]
+# (English plural, the model's German, a German plural it knows, one it never saw)
+MARIAN_TERMS = [("engines", "Motoren", "Maschinen", "Triebwerke"),
+                ("ships", "Schiffe", "Autos", "Boote"), ("lamps", "Lampen", "Uhren", "Leuchten"),
+                ("towers", "Türme", "Häuser", "Masten")]
 
 
 def numbers_task(count: int):
@@ -76,7 +79,8 @@ def numbers_task(count: int):
             [terms[x] for x in inputs], terms, TEMPLATE.format)
 
 
-def marian_task(count: int):
+def marian_task(count: int, unseen: bool = False):
+    col = 3 if unseen else 2
     g, inputs, want, exact = Toy(40_004), [], [], []
     while len(inputs) < count:
         en, de = g.pair()
@@ -85,9 +89,9 @@ def marian_task(count: int):
         # one term, in a case whose German is the plural's own form (not a dative -n)
         if len(found) == 1 and f" {found[0][1]}" in de and en not in inputs:
             inputs.append(en)
-            want.append(found[0][2])
-            exact.append(de.replace(found[0][1], found[0][2]))
-    terms = {en: target for en, _, target in MARIAN_TERMS}
+            want.append(found[0][col])
+            exact.append(de.replace(found[0][1], found[0][col]))
+    terms = {t[0]: t[col] for t in MARIAN_TERMS}
     return (demo_translation_path(), {"source_lang": "en", "target_lang": "de"}, inputs, want,
             exact, terms, str)
 
@@ -121,9 +125,10 @@ def main() -> int:
     ap.add_argument("--beams", default="1,4")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--task", choices=("numbers", "marian"), default="numbers")
+    ap.add_argument("--task", choices=("numbers", "marian", "marian-unseen"), default="numbers")
     args = ap.parse_args()
-    task = (numbers_task if args.task == "numbers" else marian_task)(args.count)
+    task = (numbers_task(args.count) if args.task == "numbers" else
+            marian_task(args.count, unseen=args.task == "marian-unseen"))
     path, _, inputs, want, answers, _, _ = task
     max_new = MAX_NEW if args.task == "numbers" else 64
     rows = []

@@ -24,7 +24,10 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
 Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
 status is the number of failed parts. `--only tests,serve,bench,serving` runs a subset; the
 tests part alone has outgrown one 600 s call of a lent machine, so `--only tests-fast` (with
-GPU_CHECK_WORKERS=16) and `--only tests-slow` (GPU_CHECK_WORKERS=6) split it in two.
+GPU_CHECK_WORKERS=16) and `--only tests-slow` (GPU_CHECK_WORKERS=6) split it in two, and
+`serve` (~330 s) and `bench` (~260 s) together overrun one call: run them apart. Write the
+output to a file under $OUT rather than through a pipe, so a call that times out still
+returns the verdicts printed so far.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ EXPECTED = [
     ('"input": ["1984", "-42"]', "negative forty-two"),
     ("90210", "ninety thousand two hundred ten"),
     ('engine.translate("1984"', "one thousand nine hundred eighty-four"),
+    ("demo_translation_path", "Heute baut das Team 3 rote Brücken. Sieht Anna das Schiff im "
+                              "alten Garten?"),
+    ("demo_translation_path", "- `make bridges` **Die Arbeiter brauchen 12 schwere Steine!**"),
     ("capital of France", "Paris"),
     ("convert-gguf", "134.5M parameters"),
     ("translate digits to English: 2024", "two thousand twenty-four"),
