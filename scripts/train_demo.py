@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 
 # OpenMP threads that sleep instead of spinning while they wait: on a shared or busy machine
@@ -44,17 +42,10 @@ TEMPLATE = "translate {source_lang} to {target_lang}: {text}"  # goes into seq2s
 SOURCE_LANG, TARGET_LANG = "digits", "English"
 
 
-def _load_number_words():
-    """tests/number_words.py by path: the one reference the tests check the model against
-    (scripts/ is not a package, and an installed seq2serve may be another copy)."""
-    path = REPO / "tests" / "number_words.py"
-    spec = importlib.util.spec_from_file_location("number_words", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-nw = _load_number_words()
+_spec = importlib.util.spec_from_file_location("training", Path(__file__).with_name("training.py"))
+training = importlib.util.module_from_spec(_spec)  # scripts/training.py (scripts/ is no package)
+_spec.loader.exec_module(training)
+nw = training.load_script("number_words", REPO / "tests")  # the tests' reference, by path
 
 
 def prompt(n: int) -> str:
@@ -322,41 +313,26 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
                             weight_decay=0.0)
 
-    def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * t)))
 
     sampler = NumberSampler(rng, args.max_digits, args.negative_fraction)
     bf16_steps = int(args.bf16_fraction * args.steps)
     sampled_steps = int((1 - args.full_fraction) * args.steps)
     candidates = Candidates(model.config.vocab_size, args.negatives,
                             torch.Generator().manual_seed(args.seed))
-    t0 = time.time()
-    loss_sum, loss_n = 0.0, 0
+    trainer = training.Trainer(model, opt, args)
     for step in range(args.steps):
         batch = encode_batch(tokenizer, [sampler.draw() for _ in range(args.batch_size)])
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+        trainer.before(step)
         full = step >= sampled_steps or (step + 1) % args.full_every == 0
         cand = None if full else candidates(batch)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=step < bf16_steps):
             loss = train_loss(model, batch, cand)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
-        if (step + 1) % 100 == 0:
-            print(f"step {step + 1:6d}  loss {loss_sum / loss_n:.4f}  lr {lr_at(step):.2e}  "
-                  f"{time.time() - t0:7.1f}s", flush=True)
-            loss_sum, loss_n = 0.0, 0
+        trainer.after(step, loss)
         if (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             ev = evaluate(model, tokenizer, monitor)
             print(f"  held-out {ev['correct']}/{ev['n']} = {100 * ev['accuracy']:.1f}%  "
                   f"e.g. {ev['wrong'][:3]}", flush=True)
-    train_s = time.time() - t0
+    train_s = trainer.seconds
     print(f"trained in {train_s / 60:.1f} min", flush=True)
 
     ev = evaluate(model, tokenizer, final_set)
@@ -371,11 +347,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * ev['accuracy']:.2f}%, {ev['stopped']} stopped with EOS; "
           f"wrong e.g. {ev['wrong']}", flush=True)
 
-    defaults = vars(p.parse_args([]))
-    given = [(k, v) for k, v in vars(args).items() if v != defaults[k] and k != "out"]
-    command_args = "".join(f" --{k.replace('_', '-')} {v}" for k, v in given)
-    if args.out.resolve() != DEFAULT_OUT:
-        command_args += f" --out {args.out}"
+    command_args = training.command_args(p, args, DEFAULT_OUT)
     small = sum(0 <= n < 1000 for n in final_set)
     negative = sum(n < 0 for n in final_set)
     write_readme(args.out, args, {

@@ -27,10 +27,8 @@ import argparse
 import importlib.util
 import io
 import json
-import math
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see scripts/train_demo.py
@@ -41,16 +39,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "models" / "assets" / "demo-marian-en-de"
 
 
-def _load_toy():
-    """tests/toy_translation.py by path (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("toy_translation",
-                                                  REPO / "tests" / "toy_translation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-toy = _load_toy()
+_spec = importlib.util.spec_from_file_location("training", Path(__file__).with_name("training.py"))
+training = importlib.util.module_from_spec(_spec)  # scripts/training.py (scripts/ is no package)
+_spec.loader.exec_module(training)
+toy = training.load_script("toy_translation", REPO / "tests")  # the task and its oracle
 
 
 # --- the vocabulary ------------------------------------------------------------------------------
@@ -241,32 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
                             weight_decay=0.0)
 
-    def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * t)))
 
-    t0, loss_sum, loss_n = time.time(), 0.0, 0
+    trainer = training.Trainer(model, opt, args)
     for step in range(args.steps):
         batch = encode(tok, [gen.training_pair() for _ in range(args.batch_size)])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+        trainer.before(step)
         loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
-        if (step + 1) % 100 == 0:
-            print(f"step {step + 1:6d}  loss {loss_sum / loss_n:.4f}  lr {lr_at(step):.2e}  "
-                  f"{time.time() - t0:7.1f}s", flush=True)
-            loss_sum, loss_n = 0.0, 0
+        trainer.after(step, loss)
         if (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             ev = evaluate(model, tok, monitor)
             print(f"  held-out {ev['correct']}/{ev['n']} = {100 * ev['accuracy']:.1f}%  "
                   f"e.g. {ev['wrong'][:2]}", flush=True)
-    train_s = time.time() - t0
+    train_s = trainer.seconds
     print(f"trained in {train_s / 60:.1f} min", flush=True)
 
     size = save(model, tok, args.out, args.save_dtype, args.num_beams)
@@ -277,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out ({name}, reloaded): {ev['correct']}/{ev['n']} = "
               f"{100 * ev['accuracy']:.2f}%; wrong e.g. {ev['wrong'][:4]}", flush=True)
 
-    defaults = vars(p.parse_args([]))
-    given = [(k, v) for k, v in vars(args).items() if v != defaults[k] and k != "out"]
-    command_args = "".join(f" --{k.replace('_', '-')} {v}" for k, v in given)
-    if args.out.resolve() != DEFAULT_OUT:
-        command_args += f" --out {args.out}"
+    command_args = training.command_args(p, args, DEFAULT_OUT)
     write_readme(args.out, args, {
         "greedy": greedy, "beams": beams, "params": n_params, "vocab": len(tok),
         "weights_bytes": size, "train_minutes": train_s / 60,
