@@ -19,13 +19,17 @@ def _reference(logits, scores, buckets, suppressed):
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     if suppressed is not None:
         logprobs[:, suppressed] = float("-inf")
+    return _beam_candidates(logprobs, _beam_batch(scores, buckets)), logprobs + scores
+
+
+def _beam_batch(scores, buckets) -> SamplingBatch:
+    """A batch of beam rows only, greedy, no per-row rule."""
     fields = dict(temperatures=None, greedy=None, all_greedy=True, top_ks=None, top_ps=None,
                   min_ps=None, keys=None, penalty_ids=None, output_counts_ids=None,
                   repetition=None, frequency=None, presence=None, banned_rows=None,
                   banned_cols=None, forced_rows=None, forced_ids=None, want_logprobs=False,
                   top_logprobs_num=0)
-    sb = SamplingBatch(**fields, **SamplingBatch.beam_layout(scores, buckets, "cpu"))
-    return _beam_candidates(logprobs, sb), logprobs + scores
+    return SamplingBatch(**fields, **SamplingBatch.beam_layout(scores, buckets, "cpu"))
 
 
 @pytest.mark.parametrize("dtype,vocab,suppress", [
@@ -107,3 +111,24 @@ def test_the_blocked_row_top_k_and_its_ties_on_a_long_vocabulary():
         assert torch.equal(best, logprobs.argmax(-1))
         flat = logprobs[1:].flatten().tolist()
         assert i[6:].tolist() == sorted(range(len(flat)), key=lambda j: (-flat[j], j))[:12]
+
+
+def test_the_cpu_sampler_takes_this_path_without_triton(monkeypatch):
+    """A CPU install may lack Triton (a dev dependency): the sampler's beam step on the CPU
+    must neither import it nor differ from `row_topk_beams`."""
+    import sys
+
+    from seq2serve.runtime.executor.sampler import Sampler
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises
+    monkeypatch.setitem(sys.modules, "seq2serve.runtime.kernels.triton_beam_topk", None)
+    gen = torch.Generator().manual_seed(3)
+    rows = sum(g * r for g, r, _ in BUCKETS)
+    logits = torch.randn(rows, 700, generator=gen)
+    scores = -10 * torch.rand(rows, 1, generator=gen)
+    _, ref_all = _reference(logits, scores, BUCKETS, None)
+    sb = _beam_batch(scores, BUCKETS)
+    out = Sampler((7,))(logits, sb)
+    v, i, best = row_topk_beams(logits, scores, BUCKETS, torch.tensor([7]))
+    assert torch.equal(out.beam_values, v) and torch.equal(out.beam_ids, i)
+    assert torch.equal(out.next_token_ids, best)

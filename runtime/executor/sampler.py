@@ -127,7 +127,7 @@ class Sampler:
         return logits.index_fill(-1, self.suppressed, float("-inf")).argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
-        if sb.beam_rows and _plain_beams(sb):
+        if sb.beam_rows and _plain_beams(sb, logits.is_cuda):
             return self._fused_beams(logits, sb)
         model_logits, logits = logits, logits.float()
         if sb.beam_rows:  # HF's beam search: the processors act on log-probs
@@ -166,12 +166,12 @@ class Sampler:
         return out
 
     def _fused_beams(self, logits: torch.Tensor, sb: SamplingBatch) -> StepOutput:
-        """The beam candidates straight from the model's logits (no float32 log-probs, no
-        torch top-k over [groups, rows * vocab]: triton_beam_topk.py on CUDA, each row's own
-        top-k on the CPU, beam_topk_torch.py); the rows after the beam rows as `__call__`
-        treats them. A beam row's next token is the argmax of its log-probs (the lower token
-        where rounding makes two equal), as `_sample` gives it; `choose_beams` overwrites it
-        for groups past their first step."""
+        """The beam candidates straight from the model's logits (no torch top-k over [groups,
+        rows * vocab], no argmax over the rows: triton_beam_topk.py on CUDA, without even a
+        float32 copy or a log-softmax; on the CPU each row's own top-k, beam_topk_torch.py);
+        the rows after the beam rows as `__call__` treats them. A beam row's next token is
+        the argmax of its log-probs (the lower token where rounding makes two equal), as
+        `_sample` gives it; `choose_beams` overwrites it for groups past their first step."""
         r = sb.beam_rows
         if logits.is_cuda:
             from seq2serve.runtime.kernels.triton_beam_topk import beam_topk  # (CUDA only)
@@ -206,16 +206,19 @@ class Sampler:
         return torch.where(sb.greedy, argmax, sampled)
 
 
-def _plain_beams(sb: SamplingBatch) -> bool:
+def _plain_beams(sb: SamplingBatch, cuda: bool = True) -> bool:
     """Nothing but the log-softmax, the static suppressed tokens and the top-k acts on the
     batch's beam rows, and no log-probs are returned: the fused beam path applies. Every
     per-row rule is required absent from the whole batch (conservatively: the beam rows'
-    own would do)."""
+    own would do). On CUDA each group's `keep` must fit the kernel (Triton is imported only
+    there: a CPU install may lack it)."""
+    plain = (not sb.want_logprobs and sb.penalty_ids is None and sb.banned_rows is None
+             and sb.grammar_rows is None and sb.timestamps is None and sb.forced_rows is None)
+    if not plain or not cuda:
+        return plain
     from seq2serve.runtime.kernels.triton_beam_topk import MAX_KEEP
 
-    return (not sb.want_logprobs and sb.penalty_ids is None and sb.banned_rows is None
-            and sb.grammar_rows is None and sb.timestamps is None and sb.forced_rows is None
-            and all(keep <= MAX_KEEP for _, _, keep in sb.beam_buckets))
+    return all(keep <= MAX_KEEP for _, _, keep in sb.beam_buckets)
 
 
 def _after_beams(sb: SamplingBatch) -> SamplingBatch:
