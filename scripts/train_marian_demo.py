@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
-import json
 import os
 import sys
 from pathlib import Path
@@ -43,6 +42,7 @@ _spec = importlib.util.spec_from_file_location("training", Path(__file__).with_n
 training = importlib.util.module_from_spec(_spec)  # scripts/training.py (scripts/ is no package)
 _spec.loader.exec_module(training)
 toy = training.load_script("toy_translation", REPO / "tests")  # the task and its oracle
+bart_checkpoints = training.load_script("bart_checkpoints", REPO / "tests")  # OPUS-MT's files
 
 
 # --- the vocabulary ------------------------------------------------------------------------------
@@ -50,7 +50,6 @@ def build_tokenizer(out: Path, vocab_size: int, seed: int):
     """A unigram SentencePiece model over both sides of 30,000 training pairs (digits split,
     every character kept), written as OPUS-MT's files; the MarianTokenizer over them."""
     import sentencepiece as spm
-    from transformers import MarianTokenizer
 
     gen = toy.Toy(seed + 1000)
     corpus = [s for _ in range(30000) for s in gen.training_pair()]
@@ -59,18 +58,7 @@ def build_tokenizer(out: Path, vocab_size: int, seed: int):
         sentence_iterator=iter(corpus), model_writer=buf, vocab_size=vocab_size,
         model_type="unigram", character_coverage=1.0, split_digits=True, minloglevel=2,
         pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0, hard_vocab_limit=False)
-    model = buf.getvalue()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "source.spm").write_bytes(model)
-    (out / "target.spm").write_bytes(model)
-    sp = spm.SentencePieceProcessor(model_proto=model)
-    vocab = {"</s>": 0, "<unk>": 1}
-    for i in range(sp.get_piece_size()):
-        vocab.setdefault(sp.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)  # OPUS-MT's pad: the last id, and the decoder start
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n")
-    return MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"),
-                           str(out / "vocab.json"), source_lang="en", target_lang="de")
+    return bart_checkpoints.marian_tokenizer_files(buf.getvalue(), out)
 
 
 def build_model(args, tok):

@@ -63,10 +63,20 @@ def train_spm(model_type: str, vocab_size: int, **kwargs) -> bytes:
 def _marian_tokenizer(out: Path, targets: tuple[str, ...] = ()):
     """An OPUS-MT pair's tokenizer (en -> de); with `targets`, a multi-target model's, whose
     vocabulary has a ">>code<<" token per target language."""
+
+    model = train_spm("unigram", 80, pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0)
+    return marian_tokenizer_files(model, out, targets)
+
+
+def marian_tokenizer_files(model: bytes, out: Path, targets: tuple[str, ...] = ()):
+    """OPUS-MT's tokenizer files for a SentencePiece `model` (without pad/bos/eos pieces),
+    shared by source and target, written to `out`: source.spm, target.spm, vocab.json
+    (</s> 0, <unk> 1, the pieces, a ">>code<<" per target in `targets`, <pad> last: OPUS-MT's
+    pad and decoder start). The MarianTokenizer over them (en -> de without `targets`)."""
     import sentencepiece as spm
     from transformers import MarianTokenizer
 
-    model = train_spm("unigram", 80, pad_id=-1, bos_id=-1, eos_id=-1, unk_id=0)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "source.spm").write_bytes(model)
     (out / "target.spm").write_bytes(model)
     sp = spm.SentencePieceProcessor(model_proto=model)
@@ -75,8 +85,8 @@ def _marian_tokenizer(out: Path, targets: tuple[str, ...] = ()):
         vocab.setdefault(sp.id_to_piece(i), len(vocab))
     for code in targets:
         vocab[f">>{code}<<"] = len(vocab)
-    vocab["<pad>"] = len(vocab)  # OPUS-MT's pad is the last id (and the decoder start)
-    (out / "vocab.json").write_text(json.dumps(vocab))
+    vocab["<pad>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     return MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"),
                            str(out / "vocab.json"), source_lang="en",
                            target_lang=None if targets else "de")

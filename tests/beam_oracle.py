@@ -76,3 +76,17 @@ def greedy_log_prob(out, prompt_len: int) -> float:
     scores, log-softmaxed) after the first `prompt_len` tokens of its sequence."""
     tokens = out.sequences[0, prompt_len:]
     return sum(float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, tokens))
+
+
+def lower_id_first(logprobs: torch.Tensor, buckets) -> list[tuple[list[int], list[float]]]:
+    """Each beam group's best `keep` candidates under the fused paths' rule (by value, best
+    first, then by id = row in group * vocab + token), from the rows' log-probs + scores laid
+    out in `buckets` ((groups, rows per group, keep), in row order): (ids, values) a group."""
+    out, start = [], 0
+    for groups, rows, keep in buckets:
+        for g in range(groups):
+            flat = logprobs[start + g * rows:start + (g + 1) * rows].flatten().tolist()
+            ids = sorted(range(len(flat)), key=lambda j: (-flat[j], j))[:keep]
+            out.append((ids, [flat[j] for j in ids]))
+        start += groups * rows
+    return out

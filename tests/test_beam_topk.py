@@ -15,6 +15,7 @@ import torch
 from seq2serve.runtime.executor.sampler import _beam_candidates
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.kernels.triton_beam_topk import beam_topk
+from seq2serve.tests.beam_oracle import lower_id_first
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 # on a GPU, part of the GPU gate (scripts/gpu_check.py runs `-m gpu`); on the CPU, of CI
@@ -84,16 +85,11 @@ def test_exact_ties_lower_id_first():
     assert torch.equal(v, v2) and torch.equal(i, i2)
     # the rule: by value, best first, then by id
     logprobs = torch.log_softmax(logits, -1) + scores
-    start, cand = 0, 0
-    for groups, rows, keep in buckets:
-        for g in range(groups):
-            flat = logprobs[start + g * rows:start + (g + 1) * rows].flatten().tolist()
-            expect = sorted(range(len(flat)), key=lambda j: (-flat[j], j))[:keep]
-            assert i[cand:cand + keep].tolist() == expect
-            torch.testing.assert_close(v[cand:cand + keep],
-                                       torch.tensor([flat[j] for j in expect], device=DEVICE))
-            cand += keep
-        start += groups * rows
+    cand = 0
+    for ids, values in lower_id_first(logprobs, buckets):
+        assert i[cand:cand + len(ids)].tolist() == ids
+        torch.testing.assert_close(v[cand:cand + len(ids)], torch.tensor(values, device=DEVICE))
+        cand += len(ids)
 
 
 def test_one_chunk_and_keep_beyond_a_partial_chunk():

@@ -11,6 +11,7 @@ import torch
 from seq2serve.runtime.executor.beam_topk_torch import row_topk_beams
 from seq2serve.runtime.executor.sampler import _beam_candidates
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+from seq2serve.tests.beam_oracle import lower_id_first
 
 BUCKETS = [(2, 1, 8), (2, 4, 8), (1, 5, 10)]  # (groups, rows per group, keep)
 
@@ -67,16 +68,11 @@ def test_exact_ties_lower_id_first():
     v, i, best = row_topk_beams(logits, scores, buckets)
     logprobs = torch.log_softmax(logits, -1) + scores
     assert torch.equal(best, logprobs.argmax(-1))  # the first of equal maxima
-    start, cand = 0, 0
-    for groups, rows, keep in buckets:
-        for g in range(groups):
-            flat = logprobs[start + g * rows:start + (g + 1) * rows].flatten().tolist()
-            expect = sorted(range(len(flat)), key=lambda j: (-flat[j], j))[:keep]
-            assert i[cand:cand + keep].tolist() == expect
-            torch.testing.assert_close(v[cand:cand + keep],
-                                       torch.tensor([flat[j] for j in expect]))
-            cand += keep
-        start += groups * rows
+    cand = 0
+    for ids, values in lower_id_first(logprobs, buckets):
+        assert i[cand:cand + len(ids)].tolist() == ids
+        torch.testing.assert_close(v[cand:cand + len(ids)], torch.tensor(values))
+        cand += len(ids)
 
 
 def test_keep_over_the_vocabulary_and_every_token_but_one_suppressed():
@@ -109,8 +105,7 @@ def test_the_blocked_row_top_k_and_its_ties_on_a_long_vocabulary():
         v, i, best = row_topk_beams(ties, torch.zeros(5, 1), buckets)
         logprobs = torch.log_softmax(ties, -1)
         assert torch.equal(best, logprobs.argmax(-1))
-        flat = logprobs[1:].flatten().tolist()
-        assert i[6:].tolist() == sorted(range(len(flat)), key=lambda j: (-flat[j], j))[:12]
+        assert i[6:].tolist() == lower_id_first(logprobs, buckets)[1][0]
 
 
 def test_the_cpu_sampler_takes_this_path_without_triton(monkeypatch):
