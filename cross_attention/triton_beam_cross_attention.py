@@ -36,8 +36,10 @@ from seq2serve.runtime.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_e
 from seq2serve.runtime.kernels.triton_decode import BLOCK_N, MIN_SPLIT_KEYS, _split_counters
 from seq2serve.runtime.kernels.triton_flash import (
     block_d,
+    cap_scores,
     dot_precision,
     online_softmax_update,
+    softcap_constexpr,
     softmax_finish,
 )
 
@@ -53,7 +55,8 @@ def _tile(q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, kv_sta
           NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
           HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-          DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, ONE_ROW: tl.constexpr):
+          DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, ONE_ROW: tl.constexpr,
+          SOFTCAP: tl.constexpr):
     """One M tile of a group against its keys of one split (and the merge, by the last
     split). ONE_ROW: a group of one row (a request without beams): its window is a scalar, as
     in `paged_decode_attention`, and no per-row visibility mask is needed."""
@@ -103,7 +106,8 @@ def _tile(q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, kv_sta
             kv_mask = n_ok[:, None] & d_ok[None, :]
             k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
                         mask=kv_mask, other=0.0)
-            scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
+            scores = cap_scores(tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION)
+                                * scaling, SOFTCAP)
             if ONE_ROW:
                 scores = tl.where(n_ok[None, :], scores, float("-inf"))
             else:
@@ -152,7 +156,7 @@ def _beam_cross_kernel(
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, M_TILES: tl.constexpr,
     MIN_KEYS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     if PDL:
         gdc_launch_dependents()
@@ -169,14 +173,14 @@ def _beam_cross_kernel(
                   split, GROUP, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs,
                   stride_vh, stride_ot, stride_pt, NUM_HEADS, NUM_KV_HEADS, GROUP, HEAD_DIM,
                   NUM_SPLITS, MIN_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION,
-                  HAS_KV_START, True)
+                  HAS_KV_START, True, SOFTCAP)
     elif m_tile * BLOCK_M < beams * GROUP:
         _tile(q, k_buf, v_buf, out, part_out, part_lse, counters, page_table, kv_starts,
               kv_ends, scaling, first, tl.load(req_rows + first).to(tl.int64), kv_head, m_tile,
               split, beams * GROUP, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs,
               stride_vh, stride_ot, stride_pt, NUM_HEADS, NUM_KV_HEADS, GROUP, HEAD_DIM,
               NUM_SPLITS, MIN_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, HAS_KV_START,
-              False)
+              False, SOFTCAP)
 
 
 def beam_tile(max_beams: int, group: int) -> tuple[int, int]:
@@ -192,7 +196,7 @@ def beam_cross_attention_rows(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
                               group_lens: torch.Tensor, kv_ends: torch.Tensor, scaling: float,
                               kv_starts: torch.Tensor | None = None, num_splits: int = 1,
                               m_tiles: int = 1, *, block_n: int = BLOCK_N,
-                              num_warps: int = 4) -> torch.Tensor:
+                              num_warps: int = 4, softcap: float | None = None) -> torch.Tensor:
     """Cross-attention of one query per row, each beam group's K/V read once -> [rows, H * D]
     in q's dtype; the batch described per row (as a decode batch's inputs are, and as a CUDA
     graph can hold them).
@@ -205,7 +209,7 @@ def beam_cross_attention_rows(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     programs a tile's keys are split over (`triton_decode.num_kv_splits`). m_tiles: programs
     per (group, KV head) along the query rows: `beam_tile`'s for the largest group, at least
     (a group with more tiles than that is computed only in part). block_n, num_warps: for
-    tuning.
+    tuning. softcap: Gemma's cap on the scores.
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -231,8 +235,8 @@ def beam_cross_attention_rows(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits, M_TILES=m_tiles, MIN_KEYS=MIN_SPLIT_KEYS, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d(head_dim), DOT_PRECISION=dot_precision(q.dtype),
-        HAS_KV_START=kv_starts is not None, PDL=pdl_enabled(), num_warps=num_warps,
-        **pdl_launch(),
+        HAS_KV_START=kv_starts is not None, PDL=pdl_enabled(),
+        SOFTCAP=softcap_constexpr(softcap), num_warps=num_warps, **pdl_launch(),
     )
     return out
 
@@ -254,7 +258,8 @@ def beam_cross_attention_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
                                 group_starts: torch.Tensor, kv_ends: torch.Tensor,
                                 scaling: float, kv_starts: torch.Tensor | None = None,
                                 num_splits: int = 1, max_beams: int | None = None, *,
-                                block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
+                                block_n: int = BLOCK_N, num_warps: int = 4,
+                                softcap: float | None = None) -> torch.Tensor:
     """`beam_cross_attention_rows` for groups described group-wise: q's rows of group g are
     q[group_starts[g]:group_starts[g + 1]] (group_starts: [G + 1], group_starts[G] == rows),
     its keys at slots req_to_cross[group_rows[g], :]. max_beams: the largest group, read from
@@ -270,4 +275,4 @@ def beam_cross_attention_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
     _, m_tiles = beam_tile(max_beams, num_heads // k_buf.shape[1])
     return beam_cross_attention_rows(q, k_buf, v_buf, req_to_cross, req_rows, group_lens,
                                      kv_ends, scaling, kv_starts, num_splits, m_tiles,
-                                     block_n=block_n, num_warps=num_warps)
+                                     block_n=block_n, num_warps=num_warps, softcap=softcap)

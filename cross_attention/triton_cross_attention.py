@@ -19,14 +19,15 @@ def cross_attention_extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
                            encoder_lens: torch.Tensor, q_starts: torch.Tensor,
                            block_req: torch.Tensor, block_start: torch.Tensor, scaling: float,
                            kv_start: torch.Tensor | None = None,
-                           kv_end: torch.Tensor | None = None) -> torch.Tensor:
+                           kv_end: torch.Tensor | None = None,
+                           softcap: float | None = None) -> torch.Tensor:
     """Cross-attention of packed decoder queries -> [T, H * D] in q's dtype.
 
     q: [T, H, D]; request i owns rows q_starts[i]:q_starts[i + 1] and attends to its
     encoder_lens[i] keys at slots req_to_cross[req_rows[i], :]; kv_start/kv_end ([T] int32,
     both or neither) narrow query t to keys [kv_start[t], kv_end[t]). block_req/block_start:
-    the query tiles (`query_blocks`).
+    the query tiles (`query_blocks`). `softcap`: Gemma's cap on the scores.
     """
     return extend_attention(q, k_buf, v_buf, req_to_cross, req_rows, encoder_lens, q_starts,
                             block_req, block_start, scaling, causal=False, kv_start=kv_start,
-                            kv_end=kv_end)
+                            kv_end=kv_end, softcap=softcap)

@@ -1,5 +1,6 @@
 """One attention call site of a model. The math lives in the runtime's attention backend, which
-gets this layer's description and the batch's metadata as arguments."""
+gets this layer's description and the batch's metadata as arguments (its sliding window and
+soft-cap too: `runtime/attention/base.py`'s `AttentionLayer`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
 
 class Attention(nn.Module):
     def __init__(self, kind: AttentionKind, layer_id: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, scaling: float) -> None:
+                 head_dim: int, scaling: float, sliding_window: int | None = None,
+                 softcap: float | None = None) -> None:
         super().__init__()
         self.kind = kind
         self.layer_id = layer_id
@@ -24,6 +26,8 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scaling = scaling
+        self.sliding_window = sliding_window
+        self.softcap = softcap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 fb: ForwardBatch | EncodeForwardBatch,

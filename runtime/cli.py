@@ -82,6 +82,7 @@ def _cmd_demo_checkpoint(ns: argparse.Namespace) -> int:
                     "mllama": (demo.write_mllama_checkpoint, "Llama 3.2 Vision (Mllama)"),
                     "pegasus": (demo.write_pegasus_checkpoint, "Pegasus"),
                     "umt5": (functools.partial(demo.write_t5_checkpoint, umt5=True), "UMT5"),
+                    "t5gemma": (demo.write_t5gemma_checkpoint, "T5Gemma"),
                     }[ns.family]
     path = write(ns.out, seed=ns.seed, dtype=ns.dtype)
     print(f"wrote a tiny random-weight {about} checkpoint to {path}")
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     d = sub.add_parser("demo-checkpoint", help="write a tiny random-weight checkpoint")
     d.add_argument("--family", default="t5", choices=["t5", "llama", "mllama", "pegasus",
-                                                            "umt5"])
+                                                            "umt5", "t5gemma"])
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

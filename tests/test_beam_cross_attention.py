@@ -133,8 +133,9 @@ def _groups(beams: list[int], encoder_lens: list[int], heads: tuple[int, int, in
         kv_ends=dev(ends))
 
 
-def _reference(c: _Groups, scaling: float) -> torch.Tensor:
-    """float32 softmax attention per row over the keys gathered through its group's row."""
+def _reference(c: _Groups, scaling: float, softcap: float | None = None) -> torch.Tensor:
+    """float32 softmax attention per row over the keys gathered through its group's row
+    (scores soft-capped as Gemma's, with a `softcap`)."""
     rows, num_heads, head_dim = c.q.shape
     group = num_heads // c.k_buf.shape[1]
     out = torch.zeros(rows, num_heads, head_dim, dtype=torch.float32, device=c.q.device)
@@ -148,14 +149,18 @@ def _reference(c: _Groups, scaling: float) -> torch.Tensor:
             slots = c.table[table_row, s:e].long()
             k = c.k_buf[slots].float().repeat_interleave(group, dim=1)  # [n, H, D]
             v = c.v_buf[slots].float().repeat_interleave(group, dim=1)
-            p = (torch.einsum("hd,nhd->hn", c.q[t].float(), k) * scaling).softmax(-1)
+            scores = torch.einsum("hd,nhd->hn", c.q[t].float(), k) * scaling
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            p = scores.softmax(-1)
             out[t] = torch.einsum("hn,nhd->hd", p, v)
     return out.view(rows, num_heads * head_dim)
 
 
-def _beam(c: _Groups, scaling: float, splits: int) -> torch.Tensor:
+def _beam(c: _Groups, scaling: float, splits: int, softcap: float | None = None) -> torch.Tensor:
     return beam_cross_attention_decode(c.q, c.k_buf, c.v_buf, c.table, c.group_rows,
-                                       c.group_starts, c.kv_ends, scaling, c.kv_starts, splits)
+                                       c.group_starts, c.kv_ends, scaling, c.kv_starts, splits,
+                                       softcap=softcap)
 
 
 def _per_row(c: _Groups, scaling: float, splits: int) -> torch.Tensor:
@@ -185,6 +190,13 @@ def test_float32(poisoned_empty, beams, encoder_lens, heads, splits, windows):
     if windows is not None:  # rows that see no key read exact zeros
         empty = c.kv_ends <= c.kv_starts
         assert (out[empty] == 0).all()
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_softcap(poisoned_empty, splits):
+    """Gemma's soft-capped scores (T5Gemma's cross-attention), a cap low enough to bend them."""
+    c = _groups([1, 4, 2], [70, 200, 9], (8, 2, 32), windows="row")
+    _check(_beam(c, 0.5, splits, softcap=2.0), _reference(c, 0.5, softcap=2.0), **_F32)
 
 
 @pytest.mark.parametrize("beams,encoder_lens,heads,splits,windows", [

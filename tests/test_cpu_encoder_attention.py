@@ -26,12 +26,18 @@ def _encode(backend, lens, q, k, v, layer, bias):
 
 
 @pytest.mark.parametrize("lens", [[6] * 5, [5, 5, 3, 9, 1, 9, 9, 2, 40, 7], [1], [3, 70]])
-@pytest.mark.parametrize("heads,kv_heads,with_bias", [(4, 4, True), (4, 2, False)])
-def test_batched_encoder_attention_matches_the_reference(lens, heads, kv_heads, with_bias):
+@pytest.mark.parametrize("heads,kv_heads,with_bias,window,softcap", [
+    (4, 4, True, None, None), (4, 2, False, None, None),
+    (4, 2, False, 2, 0.5),  # T5Gemma's: keys at most 2 away, scores soft-capped
+    (4, 4, True, 5, None),
+])
+def test_batched_encoder_attention_matches_the_reference(lens, heads, kv_heads, with_bias,
+                                                         window, softcap):
     torch.manual_seed(0)
     dim, total = 8, sum(lens)
     layer = SimpleNamespace(kind=AttentionKind.ENCODER, layer_id=-1, num_heads=heads,
-                            num_kv_heads=kv_heads, head_dim=dim, scaling=dim**-0.5)
+                            num_kv_heads=kv_heads, head_dim=dim, scaling=dim**-0.5,
+                            sliding_window=window, softcap=softcap)
     q = torch.randn(total, heads, dim)
     k, v = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
     bias = None

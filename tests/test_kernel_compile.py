@@ -4,12 +4,12 @@ with activations and pools in bfloat16, float16 and float32 -- on the CPU, witho
 The interpreter that runs the CPU suite executes only the branches a launch takes, so a kernel
 that cannot compile for a GPU (an atomic handed a bf16 buffer in a branch the CPU never takes)
 passes every CPU test and crashes the GPU server. Here a tour drives the runtime's kernels in
-each dtype under the interpreter -- T5, Llama and Mllama through the scheduler with the Triton
-backend, the CUDA-only fused ops directly, decode and beam-group cross-attention decode with
-and without split-KV, the beam step's page copies, the sampler's top-p threshold and beam
-candidates -- recording each launch, and `kernel_launches.compile_launches` compiles every one
-(every autotuner config, and with programmatic dependent launch on sm_90) with Triton's GPU
-compiler.
+each dtype under the interpreter -- T5, Llama, Mllama and T5Gemma (sliding windows, soft-capped
+scores) through the scheduler with the Triton backend, the CUDA-only fused ops directly,
+decode and beam-group cross-attention decode with and without split-KV, the beam step's page
+copies, the sampler's top-p threshold and beam candidates -- recording each launch, and
+`kernel_launches.compile_launches` compiles every one (every autotuner config, and with
+programmatic dependent launch on sm_90) with Triton's GPU compiler.
 """
 
 from __future__ import annotations
@@ -80,6 +80,20 @@ def _mllama_tour(path: str, dtype: str) -> None:
         sched.add_request(TokenizedRequest(rid, [], ids, sp, encoder_inputs=features,
                                            cross_spans=cross_spans(
                                                ids, image, [f.num_tokens for f in features])))
+    run_to_completion(sched)
+
+
+def _t5gemma_tour(path: str, dtype: str) -> None:
+    """T5Gemma at its released head size (256): sliding windows in the encoder, extend and
+    decode kernels, soft-capped scores in those and the cross-attention kernels (2 beams: the
+    beam-group kernel too)."""
+    from seq2serve.tests.helpers import make_scheduler, request, run_to_completion
+
+    sched = make_scheduler(path, attention_backend="triton", dtype=dtype, page_size=4)
+    sched.add_request(request("long", list(range(100, 240)), [2, 7, 8, 9, 10, 11],
+                              max_new_tokens=3, ignore_eos=True))
+    sched.add_request(request("beams", [5, 6, 7, 8, 9], [2], max_new_tokens=3,
+                              ignore_eos=True, num_beams=2))
     run_to_completion(sched)
 
 
@@ -247,6 +261,7 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
         write_llama_checkpoint,
         write_mllama_checkpoint,
         write_t5_checkpoint,
+        write_t5gemma_checkpoint,
     )
 
     root = tmp_path_factory.mktemp("tour")
@@ -261,6 +276,10 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
         "mllama": str(write_mllama_checkpoint(root / "mllama", text=dict(
             hidden_size=256, intermediate_size=256, num_attention_heads=2,
             num_key_value_heads=1))),
+        "t5gemma": str(write_t5gemma_checkpoint(root / "t5gemma", **{stack: dict(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=256, sliding_window=4)
+            for stack in ("encoder", "decoder")})),
     }
 
 
@@ -271,6 +290,7 @@ def launches(checkpoints) -> list[dict]:
             _t5_tour(checkpoints["t5"], dtype)
             _llama_tour(checkpoints["llama"], dtype)
             _mllama_tour(checkpoints["mllama"], dtype)
+            _t5gemma_tour(checkpoints["t5gemma"], dtype)
             _decode_tour(getattr(torch, dtype))
             _beam_cross_tour(getattr(torch, dtype))
             _beam_copy_tour(getattr(torch, dtype))

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _STACKS = dict(d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
                decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40,
                vocab_size=96, max_position_embeddings=64)
+_GEMMA = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8)
 # tiny HF configs per model_type (HF's own config classes fill the rest)
 _TINY = {
     "t5": dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=3,
@@ -35,6 +37,7 @@ _TINY = {
     "bart": dict(_STACKS, forced_bos_token_id=0),
     "pegasus": dict(_STACKS),
     "whisper": dict(_STACKS, max_source_positions=1500, max_target_positions=32),
+    "t5gemma": dict(vocab_size=96, encoder=_GEMMA, decoder=dict(_GEMMA, num_hidden_layers=3)),
 }
 
 

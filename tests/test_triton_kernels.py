@@ -130,14 +130,16 @@ class _Batch:
         self.k_new = _randn(gen, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.v_new = _randn(gen, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
 
-    def layer(self, kind: AttentionKind, scaling: float = 1.0) -> Attention:
-        return Attention(kind, 0, self.num_heads, self.num_kv_heads, self.head_dim, scaling)
+    def layer(self, kind: AttentionKind, scaling: float = 1.0, **gemma) -> Attention:
+        return Attention(kind, 0, self.num_heads, self.num_kv_heads, self.head_dim, scaling,
+                         **gemma)
 
-    def run(self, backend, kind: AttentionKind, bias=None, scaling: float = 1.0):
+    def run(self, backend, kind: AttentionKind, bias=None, scaling: float = 1.0, **gemma):
+        """`gemma`: the layer's sliding_window and softcap."""
         fb = dataclasses.replace(self.fb, attn_backend=backend, attn_metadata=None)
         backend.init_forward_metadata(fb)
         k, v = (self.k_new, self.v_new) if kind is AttentionKind.SELF else (None, None)
-        return backend.forward(self.q, k, v, self.layer(kind, scaling), fb, bias)
+        return backend.forward(self.q, k, v, self.layer(kind, scaling, **gemma), fb, bias)
 
 
 def _check(out: torch.Tensor, expected: torch.Tensor, **tol) -> None:
@@ -145,9 +147,10 @@ def _check(out: torch.Tensor, expected: torch.Tensor, **tol) -> None:
     torch.testing.assert_close(out, expected, **tol)
 
 
-def _compare(batch: _Batch, kind: AttentionKind, bias=None, scaling: float = 1.0) -> None:
-    out = batch.run(TritonBackend(device=batch.device), kind, bias, scaling)
-    _check(out, batch.run(TorchNativeBackend(), kind, bias, scaling), **_F32)
+def _compare(batch: _Batch, kind: AttentionKind, bias=None, scaling: float = 1.0,
+             **gemma) -> None:
+    out = batch.run(TritonBackend(device=batch.device), kind, bias, scaling, **gemma)
+    _check(out, batch.run(TorchNativeBackend(), kind, bias, scaling, **gemma), **_F32)
 
 
 # --- the in-kernel T5 bucket ------------------------------------------------------------------
@@ -177,7 +180,7 @@ def test_bucket_matches_torch(num_buckets, max_distance, bidirectional):
 
 # --- encoder: bidirectional varlen ----------------------------------------------------------------
 def _encoder_case(gen, lens, num_heads, num_kv_heads, head_dim, use_bias, dtype=torch.float32,
-                  device=DEVICE):
+                  device=DEVICE, **gemma):
     total = sum(lens)
     q = _randn(gen, total, num_heads, head_dim, dtype=dtype, device=device)
     # k and v as strided views of one projection, as the model hands them over
@@ -186,7 +189,7 @@ def _encoder_case(gen, lens, num_heads, num_kv_heads, head_dim, use_bias, dtype=
     fb = EncodeForwardBatch(token_ids=None, model_input=None, segment_lens=list(lens),
                             cross_out_loc=None, cached_hidden=None)
     bias = _bias(gen, num_heads, True, dtype=dtype, device=device) if use_bias else None
-    layer = Attention(AttentionKind.ENCODER, -1, num_heads, num_kv_heads, head_dim, 1.0)
+    layer = Attention(AttentionKind.ENCODER, -1, num_heads, num_kv_heads, head_dim, 1.0, **gemma)
     return q, k, v, fb, bias, layer
 
 
@@ -205,6 +208,18 @@ def _run_encoder(backend, q, k, v, fb, bias, layer):
 ])
 def test_encoder_attention(gen, poisoned_empty, lens, heads, use_bias):
     case = _encoder_case(gen, lens, *heads, use_bias)
+    out = _run_encoder(TritonBackend(device=DEVICE), *case)
+    _check(out, _run_encoder(TorchNativeBackend(), *case), **_F32)
+
+
+@pytest.mark.parametrize("lens,heads,window,softcap", [
+    ([70, 5, 130], (4, 2, 16), 9, 3.0),  # windows inside and around the query tiles
+    ([65], (2, 2, 8), 1, None),
+    ([200, 3], (2, 1, 64), 64, 50.0),
+])
+def test_encoder_attention_gemma(gen, poisoned_empty, lens, heads, window, softcap):
+    """T5Gemma's encoder layers: keys at most `window` away on either side, soft-capped."""
+    case = _encoder_case(gen, lens, *heads, False, sliding_window=window, softcap=softcap)
     out = _run_encoder(TritonBackend(device=DEVICE), *case)
     _check(out, _run_encoder(TorchNativeBackend(), *case), **_F32)
 
@@ -241,6 +256,30 @@ def test_self_attention_decode(gen, poisoned_empty, seq_lens, heads, page_size, 
     _compare(batch, AttentionKind.SELF, bias, scaling=0.5 if use_bias else 1.0)
 
 
+@pytest.mark.parametrize("prefix_lens,extend_lens,heads,page_size,window,softcap", [
+    ([0, 30, 100], [5, 40, 70], (4, 2, 12), 16, 7, 2.0),
+    ([16, 3], [65, 64], (4, 1, 16), 1, 70, None),  # a window longer than the tile
+])
+def test_self_attention_extend_gemma(gen, poisoned_empty, prefix_lens, extend_lens, heads,
+                                     page_size, window, softcap):
+    """T5Gemma's decoder prefill: the last `window` positions, soft-capped."""
+    batch = _Batch(gen, prefix_lens=prefix_lens, extend_lens=extend_lens,
+                   encoder_lens=[1] * len(extend_lens), num_heads=heads[0],
+                   num_kv_heads=heads[1], head_dim=heads[2], page_size=page_size)
+    _compare(batch, AttentionKind.SELF, sliding_window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("seq_lens,heads,window,softcap", [
+    ([1, 17, 200, 64, 65], (2, 2, 8), 5, 3.0),
+    ([300], (4, 1, 16), 150, None),  # split over the keys inside the window
+])
+def test_self_attention_decode_gemma(gen, poisoned_empty, seq_lens, heads, window, softcap):
+    batch = _Batch(gen, prefix_lens=[n - 1 for n in seq_lens], extend_lens=[1] * len(seq_lens),
+                   encoder_lens=[1] * len(seq_lens), num_heads=heads[0], num_kv_heads=heads[1],
+                   head_dim=heads[2], page_size=16)
+    _compare(batch, AttentionKind.SELF, sliding_window=window, softcap=softcap)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 40])  # 40: more splits than key blocks
 def test_decode_kernel_splits(gen, poisoned_empty, num_splits):
     seq_lens = [1, 100, 260]
@@ -275,6 +314,16 @@ def test_cross_attention(gen, poisoned_empty, encoder_lens, extend_lens, heads, 
     if ranged:  # queries that see no key read exact zeros
         out = batch.run(TritonBackend(device=DEVICE), AttentionKind.CROSS)
         assert (out[batch.fb.cross_kv_end <= batch.fb.cross_kv_start] == 0).all()
+
+
+@pytest.mark.parametrize("encoder_lens,extend_lens", [([1, 63, 300], [1, 1, 1]),
+                                                      ([20, 0, 70], [66, 2, 9])])
+def test_cross_attention_softcap(gen, poisoned_empty, encoder_lens, extend_lens):
+    """T5Gemma's cross-attention: soft-capped scores, decode and extend."""
+    batch = _Batch(gen, prefix_lens=[2] * len(extend_lens), extend_lens=extend_lens,
+                   encoder_lens=encoder_lens, num_heads=4, num_kv_heads=2, head_dim=12,
+                   page_size=16)
+    _compare(batch, AttentionKind.CROSS, scaling=0.5, softcap=2.0)
 
 
 # --- bf16 on a GPU ----------------------------------------------------------------------------

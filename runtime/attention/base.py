@@ -29,6 +29,10 @@ class AttentionLayer(Protocol):
     num_kv_heads: int
     head_dim: int
     scaling: float
+    # HF's `sliding_window` (None: every key): a SELF query sees the last `sliding_window`
+    # positions, its own included; an ENCODER query the keys at most that far on either side
+    sliding_window: int | None
+    softcap: float | None  # scores become softcap * tanh(scores / softcap), before masking
 
 
 class AttentionBackend(ABC):

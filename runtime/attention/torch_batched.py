@@ -31,7 +31,7 @@ from seq2serve.runtime.attention.forward_batch import (
     ForwardMode,
 )
 from seq2serve.runtime.attention.padded_segments import PaddedSegments, SegmentGroup
-from seq2serve.runtime.attention.torch_native import TorchNativeBackend, _Metadata
+from seq2serve.runtime.attention.torch_native import TorchNativeBackend, _Metadata, softcap
 
 
 @dataclass
@@ -138,6 +138,11 @@ class TorchBatchedBackend(TorchNativeBackend):
                 bias = by_distance[:, 0, rows.distance].transpose(0, 1)  # [B, H, L]
                 rows.bias[id(position_bias)] = bias[:, :, None, :].float() + mask
             mask = rows.bias[id(position_bias)]
+        if layer.sliding_window is not None:  # the last `sliding_window` positions
+            key = (id(position_bias), layer.sliding_window)
+            if key not in rows.bias:
+                rows.bias[key] = mask + _additive(rows.distance < layer.sliding_window)
+            mask = rows.bias[key]
         return _attend_one(q, k, v, layer, mask)
 
     def forward_cross(self, q: torch.Tensor, layer: AttentionLayer,
@@ -169,20 +174,26 @@ class TorchBatchedBackend(TorchNativeBackend):
             md.segments = PaddedSegments(fb.segment_lens, layer.num_heads, q.device)
         seg: PaddedSegments = md.segments
         outs = [_attend(g.pad(q), g.pad(k), g.pad(v), layer,
-                        _group_mask(g, position_bias, q.device)) for g in seg.groups]
+                        _group_mask(g, position_bias, layer.sliding_window, q.device))
+                for g in seg.groups]
         return seg.unpad(outs)
 
 
-def _group_mask(g: SegmentGroup, position_bias: PositionBias | None,
+def _group_mask(g: SegmentGroup, position_bias: PositionBias | None, window: int | None,
                 device: torch.device) -> torch.Tensor | None:
-    """A group's additive mask [count | 1, heads | 1, length, length]: the bias (the same for
-    every input: it depends only on the distance) and the padded keys; made once per batch."""
-    key = id(position_bias)
+    """A group's additive mask [count | 1, heads | 1, length, length]: the bias and the
+    sliding window (the same for every input: they depend only on the distance) and the padded
+    keys; made once per batch."""
+    key = (id(position_bias), window)
     if key not in g.masks:
         mask = None
+        pos = torch.arange(g.length, device=device)
         if position_bias is not None:
-            pos = torch.arange(g.length, device=device)
             mask = position_bias(pos, pos)[None].float()  # [1, H, L, L]
+        if window is not None:  # keys at most `window` away on either side
+            near = _additive((pos[None, :] - pos[:, None]).abs() <= window)  # [L, 1, 1, L]
+            near = near.view(1, 1, g.length, g.length)
+            mask = near if mask is None else mask + near
         if g.valid is not None:
             pad = _additive(g.valid)  # [count, 1, 1, L]
             mask = pad if mask is None else mask + pad
@@ -220,6 +231,15 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionL
             mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, n, D], k/v [B, KVH, L, D], mask additive (broadcast to [B, H, n, L]) ->
     [B, n, H * D]. In float32 whatever the model's dtype, as the reference's softmax."""
+    if layer.softcap is not None:  # scores capped before the mask: not SDPA's fused kernel
+        group = layer.num_heads // layer.num_kv_heads
+        scores = softcap(torch.matmul(q.float(), k.float().repeat_interleave(group, dim=1)
+                                      .transpose(-1, -2)) * layer.scaling, layer.softcap)
+        if mask is not None:
+            scores = scores + mask
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs, v.float().repeat_interleave(group, dim=1))
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1).to(q.dtype)
     out = F.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=mask, scale=layer.scaling,
         enable_gqa=layer.num_kv_heads != layer.num_heads)
@@ -238,6 +258,8 @@ def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Attent
                           k.float().transpose(-1, -2))  # [B, KVH, G, L]
     if layer.scaling != 1.0:
         scores.mul_(layer.scaling)
+    if layer.softcap is not None:
+        scores = softcap(scores, layer.softcap)
     scores = scores.view(b, heads, 1, length).add_(mask)
     probs = torch.softmax(scores, dim=-1).view(b, kvh, heads // kvh, length)
     return torch.matmul(probs, v.float()).view(b, heads * d).to(q.dtype)

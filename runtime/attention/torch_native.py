@@ -56,6 +56,8 @@ class TorchNativeBackend(AttentionBackend):
             q_pos = fb.positions[s:e]
             k_pos = torch.arange(kv_idx.numel(), device=q.device)
             mask = k_pos[None, :] <= q_pos[:, None]  # causal
+            if layer.sliding_window is not None:  # the last `sliding_window` positions
+                mask &= k_pos[None, :] > q_pos[:, None] - layer.sliding_window
             bias = self._bias(md, position_bias, i, q_pos, k_pos)
             out[s:e] = _attend(q[s:e], k_buf[kv_idx], v_buf[kv_idx], layer, mask, bias)
         return out
@@ -92,7 +94,10 @@ class TorchNativeBackend(AttentionBackend):
             s, e = md.q_starts[i], md.q_starts[i + 1]
             pos = torch.arange(e - s, device=q.device)
             bias = self._bias(md, position_bias, i, pos, pos)
-            out[s:e] = _attend(q[s:e], k[s:e], v[s:e], layer, None, bias)
+            mask = None
+            if layer.sliding_window is not None:  # keys at most that far on either side
+                mask = (pos[None, :] - pos[:, None]).abs() <= layer.sliding_window
+            out[s:e] = _attend(q[s:e], k[s:e], v[s:e], layer, mask, bias)
         return out
 
     @staticmethod
@@ -107,6 +112,11 @@ class TorchNativeBackend(AttentionBackend):
         return md.bias_cache[key]
 
 
+def softcap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma's soft-cap of attention scores (None: unchanged), as HF computes it."""
+    return scores if cap is None else torch.tanh(scores / cap) * cap
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
             mask: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """q [n, H, D], k/v [m, KVH, D] -> [n, H*D]; softmax in float32."""
@@ -114,7 +124,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionL
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * layer.scaling
+    scores = softcap(torch.einsum("qhd,khd->hqk", q.float(), k.float()) * layer.scaling,
+                     layer.softcap)
     if bias is not None:
         scores = scores + bias
     if mask is not None:

@@ -1,11 +1,12 @@
 """The Triton backend: paged decoder self-attention and encoder attention with the T5 bias
-computed in the kernels, ragged cross-attention, split-KV decode. Runs on CUDA, and on the CPU
+computed in the kernels (and Gemma's sliding windows and soft-capped scores), ragged
+cross-attention, split-KV decode. Runs on CUDA, and on the CPU
 under TRITON_INTERPRET=1 (slowly: tests only)."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +46,9 @@ class _Metadata:
     # decode over beam groups (fb.cross_group_lens, each group's K/V read once): the largest
     # group the grid is planned for; 0: `paged_decode_attention` serves
     cross_beams: int = 0
+    # decode: each request's first visible key under a sliding window, by window (made by the
+    # first layer that asks: inside a captured graph, computed at each replay)
+    window_starts: dict = field(default_factory=dict)
 
 
 def packed_int32(parts: list[list[int]], device) -> list[torch.Tensor]:
@@ -123,13 +127,20 @@ class TritonBackend(AttentionBackend):
         k_buf = fb.token_to_kv_pool.k_buffers[layer.layer_id]
         v_buf = fb.token_to_kv_pool.v_buffers[layer.layer_id]
         req_to_token = fb.req_to_token_pool.req_to_token
+        window = layer.sliding_window
         if md.decode:
+            starts = None
+            if window is not None:  # the last `window` positions: a key range per request
+                if window not in md.window_starts:
+                    md.window_starts[window] = (fb.seq_lens - window).clamp_(min=0)
+                starts = md.window_starts[window]
             return paged_decode_attention(q, k_buf, v_buf, req_to_token, md.req_rows,
                                           fb.seq_lens, md.self_splits, layer.scaling,
-                                          position_bias)
+                                          position_bias, kv_starts=starts,
+                                          softcap=layer.softcap)
         return self_attention_extend(q, k_buf, v_buf, req_to_token, md.req_rows, fb.seq_lens,
                                      md.q_starts, md.block_req, md.block_start, layer.scaling,
-                                     position_bias)
+                                     position_bias, softcap=layer.softcap, window=window)
 
     def forward_cross(self, q: torch.Tensor, layer: AttentionLayer,
                       fb: ForwardBatch) -> torch.Tensor:
@@ -142,19 +153,20 @@ class TritonBackend(AttentionBackend):
             return beam_cross_attention_rows(q, k_buf, v_buf, req_to_cross, md.req_rows,
                                              fb.cross_group_lens, md.cross_kv_end,
                                              layer.scaling, md.cross_kv_start,
-                                             md.cross_splits, m_tiles)
+                                             md.cross_splits, m_tiles, softcap=layer.softcap)
         if md.decode:
             return paged_decode_attention(q, k_buf, v_buf, req_to_cross, md.req_rows,
                                           md.cross_kv_end, md.cross_splits, layer.scaling,
-                                          kv_starts=md.cross_kv_start)
+                                          kv_starts=md.cross_kv_start, softcap=layer.softcap)
         return cross_attention_extend(q, k_buf, v_buf, req_to_cross, md.req_rows,
                                       fb.encoder_lens, md.q_starts, md.block_req,
                                       md.block_start, layer.scaling, fb.cross_kv_start,
-                                      fb.cross_kv_end)
+                                      fb.cross_kv_end, softcap=layer.softcap)
 
     def forward_encoder(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         layer: AttentionLayer, fb: EncodeForwardBatch,
                         position_bias: PositionBias | None) -> torch.Tensor:
         md: _Metadata = fb.attn_metadata
         return encoder_attention(q, k, v, md.q_starts, md.block_req, md.block_start,
-                                 layer.scaling, position_bias)
+                                 layer.scaling, position_bias, softcap=layer.softcap,
+                                 window=layer.sliding_window)

@@ -1,6 +1,6 @@
 """Model directories of real shapes (config, tokenizer, image processor: no weights) for
 benchmarks, served with load_format="dummy" (random weights). The translation and Pegasus
-shapes (NLLB, OPUS-MT, pegasus-large) get T5's tokenizer: benchmarks send token ids, and
+shapes (NLLB, OPUS-MT, pegasus-large, T5Gemma) get T5's tokenizer: benchmarks send token ids, and
 every id it makes is in their vocabularies."""
 
 from __future__ import annotations
@@ -63,6 +63,20 @@ SHAPES: dict[str, dict] = {
         "max_position_embeddings": 1024, "scale_embedding": True, "tie_word_embeddings": True,
         "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
         "forced_eos_token_id": 1},
+    # google/t5gemma-2b-2b-prefixlm: two Gemma 2 2B stacks (head size 256, GQA, every other
+    # layer a 4,096-token window, soft-capped scores and logits)
+    "t5gemma-2b-2b": {
+        "architectures": ["T5GemmaForConditionalGeneration"], "model_type": "t5gemma",
+        "vocab_size": 256000, "tie_word_embeddings": True, "pad_token_id": 0,
+        "eos_token_id": 1, "bos_token_id": 2,
+        **{stack: {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
+                   "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                   "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                   "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+                   "max_position_embeddings": 8192,
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+           for stack in ("encoder", "decoder")}},
     "llama-3.2-1b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
         "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,

@@ -2,9 +2,9 @@
 
 A CPU serves float32 (its GEMMs are float32's; oneDNN prepacks them). A GPU serves a float32
 checkpoint in bfloat16 where it has bfloat16 (half the bytes every decode step reads), else in
-float16 -- except T5/mT5/UMT5 and Pegasus, whose activations overflow float16 (HF clamps T5's;
-the checkpoints were trained in bfloat16): those stay float32 there, and a float16
-checkpoint of theirs is served in bfloat16 where possible.
+float16 -- except T5/mT5/UMT5, Pegasus and T5Gemma, whose activations overflow float16 (HF
+clamps T5's; the checkpoints were trained in bfloat16, Gemma's too): those stay float32 there,
+and a float16 checkpoint of theirs is served in bfloat16 where possible.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 _OVERFLOWS_FLOAT16 = frozenset({"T5ForConditionalGeneration", "MT5ForConditionalGeneration",
                                 "UMT5ForConditionalGeneration",
-                                "PegasusForConditionalGeneration"})
+                                "PegasusForConditionalGeneration",
+                                "T5GemmaForConditionalGeneration"})
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from seq2serve.runtime.kernels.position_bias import PositionBias
 from seq2serve.runtime.kernels.triton_bias import bias_constexprs, t5_bias
 from seq2serve.runtime.kernels.triton_flash import (
     block_d,
+    cap_scores,
     dot_precision,
     online_softmax_update,
+    softcap_constexpr,
     softmax_finish,
 )
 
@@ -49,7 +51,7 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIDIRECTIONAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, LOG_RATIO: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     if PDL:
         gdc_launch_dependents()
@@ -87,7 +89,8 @@ def _decode_split_kernel(
             kv_mask = n_ok[:, None] & d_ok[None, :]
             k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
                         mask=kv_mask, other=0.0)
-            scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
+            scores = cap_scores(tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION)
+                                * scaling, SOFTCAP)
             if HAS_BIAS:  # the query is the request's last position, kv_end - 1
                 scores += t5_bias(bias_table, stride_bb, stride_bh, heads[:, None],
                                   (n - kv_end + 1)[None, :], h_ok[:, None], BIDIRECTIONAL,
@@ -146,12 +149,14 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
                            page_table: torch.Tensor, req_rows: torch.Tensor,
                            kv_ends: torch.Tensor, num_splits: int, scaling: float,
                            bias: PositionBias | None = None,
-                           kv_starts: torch.Tensor | None = None) -> torch.Tensor:
+                           kv_starts: torch.Tensor | None = None,
+                           softcap: float | None = None) -> torch.Tensor:
     """Attention of one query per request over its paged keys -> [B, H * D] in q's dtype.
 
     q: [B, H, D]. Request b reads keys j in [kv_starts[b] (default 0), kv_ends[b]) at slots
     page_table[req_rows[b], j] of k_buf/v_buf ([slots, KVH, D]). With a bias, the query sits
     at position kv_ends[b] - 1 (the newest decoder token). A request with no keys gets zeros.
+    softcap: Gemma's cap on the scores (a sliding window is a `kv_starts`).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -182,7 +187,7 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
         HEAD_DIM=head_dim, MIN_KEYS=MIN_SPLIT_KEYS, PDL=pdl_enabled(),
         NUM_SPLITS=num_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, BLOCK_D=bd, DOT_PRECISION=dot_precision(q.dtype),
-        HAS_KV_START=kv_starts is not None, **bias_constexprs(bias), num_warps=4,
-        **pdl_launch(),
+        HAS_KV_START=kv_starts is not None, **bias_constexprs(bias),
+        SOFTCAP=softcap_constexpr(softcap), num_warps=4, **pdl_launch(),
     )
     return out

@@ -13,21 +13,25 @@ from seq2serve.runtime.kernels.triton_flash import (
     BLOCK_M,
     block_d,
     block_n,
+    cap_scores,
     dot_precision,
+    num_stages,
     num_warps,
     online_softmax_update,
+    softcap_constexpr,
     softmax_finish,
 )
 
 
 @triton.jit
 def _encoder_kernel(
-    q, k, v, out, cu_seqlens, block_req, block_start, bias_table, scaling,
+    q, k, v, out, cu_seqlens, block_req, block_start, bias_table, scaling, window,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
     stride_bb, stride_bh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr,
     BIDIRECTIONAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, LOG_RATIO: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     blk = tl.program_id(0)
     head = tl.program_id(1)
@@ -46,18 +50,28 @@ def _encoder_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(0, length, BLOCK_N):
+    begin = 0
+    end = length
+    if HAS_WINDOW:  # the keys within `window` of any query of the tile
+        begin = tl.maximum(m0 - window, 0)
+        end = tl.minimum(m0 + BLOCK_M + window, length)
+    for n0 in range(begin, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < length
+        n_ok = n < end
         token = (start + n).to(tl.int64)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k_tile = tl.load(k + token[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
                          mask=kv_mask, other=0.0)
-        scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * scaling
+        scores = cap_scores(tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)
+                            * scaling, SOFTCAP)
         if HAS_BIAS:
             scores += t5_bias(bias_table, stride_bb, stride_bh, head, n[None, :] - m[:, None],
                               n_ok[None, :], BIDIRECTIONAL, NUM_BUCKETS, LOG_RATIO)
-        scores = tl.where(n_ok[None, :], scores, float("-inf"))
+        visible = n_ok[None, :]
+        if HAS_WINDOW:
+            near = n[None, :] - m[:, None]
+            visible = visible & (near <= window) & (near >= -window)
+        scores = tl.where(visible, scores, float("-inf"))
         v_tile = tl.load(v + token[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
                          mask=kv_mask, other=0.0)
         m_i, l_i, acc = online_softmax_update(scores, v_tile, m_i, l_i, acc, DOT_PRECISION)
@@ -69,11 +83,14 @@ def _encoder_kernel(
 def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cu_seqlens: torch.Tensor, block_req: torch.Tensor,
                       block_start: torch.Tensor, scaling: float,
-                      bias: PositionBias | None = None) -> torch.Tensor:
+                      bias: PositionBias | None = None, softcap: float | None = None,
+                      window: int | None = None) -> torch.Tensor:
     """Bidirectional attention within each packed sequence -> [T, H * D] in q's dtype.
 
     q: [T, H, D], k/v: [T, KVH, D]; sequence i is rows cu_seqlens[i]:cu_seqlens[i + 1] and its
     positions count from 0. block_req/block_start: its query tiles (`query_blocks`).
+    `window`: a query sees the keys at most `window` positions away on either side;
+    `softcap`: Gemma's cap on the scores.
     """
     num_tokens, num_heads, head_dim = q.shape
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
@@ -81,12 +98,13 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return out
     table = bias.weight if bias is not None else q
     _encoder_kernel[(block_req.numel(), num_heads)](
-        q, k, v, out, cu_seqlens, block_req, block_start, table, scaling,
+        q, k, v, out, cu_seqlens, block_req, block_start, table, scaling, window or 0,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), table.stride(0), table.stride(1),
         GROUP=num_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M,
         BLOCK_N=block_n(head_dim), BLOCK_D=block_d(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), **bias_constexprs(bias),
-        num_warps=num_warps(head_dim),
+        SOFTCAP=softcap_constexpr(softcap), HAS_WINDOW=bool(window),
+        num_warps=num_warps(head_dim), num_stages=num_stages(head_dim, q.dtype),
     )
     return out

@@ -21,9 +21,11 @@ from seq2serve.runtime.kernels.triton_flash import (
     BLOCK_M,
     block_d,
     block_n,
+    cap_scores,
     dot_precision,
     num_warps,
     online_softmax_update,
+    softcap_constexpr,
     softmax_finish,
 )
 
@@ -31,12 +33,13 @@ from seq2serve.runtime.kernels.triton_flash import (
 @triton.jit
 def _extend_kernel(
     q, k_buf, v_buf, out, req_to_kv, req_rows, kv_lens, q_starts, block_req, block_start,
-    kv_start, kv_end, bias_table, scaling, stride_qt, stride_qh, stride_ks, stride_kh,
+    kv_start, kv_end, bias_table, scaling, window, stride_qt, stride_qh, stride_ks, stride_kh,
     stride_vs, stride_vh, stride_ot, stride_rt, stride_bb, stride_bh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_RANGE: tl.constexpr, HAS_BIAS: tl.constexpr, BIDIRECTIONAL: tl.constexpr,
-    NUM_BUCKETS: tl.constexpr, LOG_RATIO: tl.constexpr,
+    NUM_BUCKETS: tl.constexpr, LOG_RATIO: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     blk = tl.program_id(0)
     head = tl.program_id(1)
@@ -72,6 +75,8 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if CAUSAL:
         begin = 0
+        if HAS_WINDOW:  # from the tile's first query's oldest visible key
+            begin = tl.maximum(kv_len - q_len + m0 - window + 1, 0)
         end = tl.minimum(kv_len, kv_len - q_len + m0 + BLOCK_M)  # up to the tile's last query
     for n0 in range(begin, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
@@ -80,10 +85,13 @@ def _extend_kernel(
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_buf + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
                     mask=kv_mask, other=0.0)
-        scores = tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION) * scaling
+        scores = cap_scores(tl.dot(q_tile, tl.trans(k), input_precision=DOT_PRECISION)
+                            * scaling, SOFTCAP)
         if CAUSAL:
             rel = n[None, :] - q_pos[:, None]
             visible = (rel <= 0) & n_ok[None, :]
+            if HAS_WINDOW:  # the last `window` positions, the query's own included
+                visible = visible & (rel > -window)
             if HAS_BIAS:
                 scores += t5_bias(bias_table, stride_bb, stride_bh, head, rel, visible,
                                   BIDIRECTIONAL, NUM_BUCKETS, LOG_RATIO)
@@ -102,13 +110,16 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                      req_to_kv: torch.Tensor, req_rows: torch.Tensor, kv_lens: torch.Tensor,
                      q_starts: torch.Tensor, block_req: torch.Tensor, block_start: torch.Tensor,
                      scaling: float, *, causal: bool, bias: PositionBias | None = None,
-                     kv_start: torch.Tensor | None = None,
-                     kv_end: torch.Tensor | None = None) -> torch.Tensor:
+                     kv_start: torch.Tensor | None = None, kv_end: torch.Tensor | None = None,
+                     softcap: float | None = None,
+                     window: int | None = None) -> torch.Tensor:
     """Packed queries q [T, H, D] over paged K/V -> [T, H * D] in q's dtype. Request i owns
     rows q_starts[i]:q_starts[i + 1] and keys 0:kv_lens[i] at slots req_to_kv[req_rows[i], :].
-    causal: self-attention (a T5 `bias` allowed); else cross (kv_start/kv_end allowed)."""
-    if causal and kv_start is not None or not causal and bias is not None:
-        raise ValueError("a T5 bias needs causal=True, per-query key ranges causal=False")
+    causal: self-attention (a T5 `bias` and a sliding `window` allowed: the last `window`
+    positions); else cross (kv_start/kv_end allowed). `softcap`: Gemma's cap on the scores."""
+    if causal and kv_start is not None or not causal and (bias is not None or window):
+        raise ValueError("a T5 bias and a window need causal=True, per-query key ranges "
+                         "causal=False")
     num_tokens, num_heads, head_dim = q.shape
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
     if block_req.numel() == 0:
@@ -117,12 +128,13 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
     _extend_kernel[(block_req.numel(), num_heads)](
         q, k_buf, v_buf, out, req_to_kv, req_rows, kv_lens, q_starts, block_req, block_start,
         q_starts if kv_start is None else kv_start, q_starts if kv_end is None else kv_end,
-        table, scaling, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        table, scaling, window or 0, q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1), out.stride(0), req_to_kv.stride(0),
         table.stride(0), table.stride(1),
         GROUP=num_heads // k_buf.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M,
         BLOCK_N=block_n(head_dim), BLOCK_D=block_d(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), CAUSAL=causal, HAS_RANGE=kv_start is not None,
-        **bias_constexprs(bias), num_warps=num_warps(head_dim),
+        **bias_constexprs(bias), SOFTCAP=softcap_constexpr(softcap),
+        HAS_WINDOW=bool(window), num_warps=num_warps(head_dim),
     )
     return out

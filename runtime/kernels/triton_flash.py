@@ -32,6 +32,13 @@ def num_warps(head_dim: int) -> int:
     return 4 if head_dim <= 64 else 8
 
 
+def num_stages(head_dim: int, dtype: torch.dtype) -> int:
+    """Software-pipelining stages of the encoder kernel (which reads K/V contiguously):
+    Triton's 3, but 1 in float32 at head sizes from 128 (T5Gemma's 256), whose pipelined K/V
+    tiles overflow an A100's shared memory (180 KB at 128, 205 KB at 256, of its 163 KB)."""
+    return 1 if dtype == torch.float32 and head_dim >= 128 else 3
+
+
 def query_blocks(q_lens: list[int], block_m: int = BLOCK_M) -> tuple[list[int], list[int]]:
     """One (request, first query row) pair per program: every request's queries in tiles of
     block_m rows, so ragged batches launch no idle programs."""
@@ -41,6 +48,22 @@ def query_blocks(q_lens: list[int], block_m: int = BLOCK_M) -> tuple[list[int], 
             reqs.append(i)
             starts.append(start)
     return reqs, starts
+
+
+@triton.jit
+def cap_scores(scores, SOFTCAP: tl.constexpr):
+    """Gemma's soft-cap, SOFTCAP * tanh(scores / SOFTCAP) (SOFTCAP 0: unchanged); tanh from
+    one exp of a non-positive number (no overflow; the interpreter runs it too)."""
+    if SOFTCAP > 0:
+        e = tl.exp(-2.0 / SOFTCAP * tl.abs(scores))
+        t = (1.0 - e) / (1.0 + e) * SOFTCAP
+        scores = tl.where(scores < 0, -t, t)
+    return scores
+
+
+def softcap_constexpr(softcap: float | None) -> float:
+    """A layer's soft-cap as the kernels' SOFTCAP (0.0: none)."""
+    return float(softcap or 0.0)
 
 
 @triton.jit

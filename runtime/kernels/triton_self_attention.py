@@ -14,12 +14,15 @@ def self_attention_extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Ten
                           req_to_token: torch.Tensor, req_rows: torch.Tensor,
                           seq_lens: torch.Tensor, q_starts: torch.Tensor,
                           block_req: torch.Tensor, block_start: torch.Tensor, scaling: float,
-                          bias: PositionBias | None = None) -> torch.Tensor:
+                          bias: PositionBias | None = None, softcap: float | None = None,
+                          window: int | None = None) -> torch.Tensor:
     """Causal attention of packed decoder queries over their paged K/V -> [T, H * D].
 
     q: [T, H, D]; request i owns rows q_starts[i]:q_starts[i + 1], its last positions out of
     seq_lens[i], whose K/V (new tokens included) sit at slots req_to_token[req_rows[i], :].
     block_req/block_start: the query tiles (`triton_flash.query_blocks`), one program each.
+    `window`: each query sees only the last `window` positions; `softcap`: Gemma's cap.
     """
     return extend_attention(q, k_buf, v_buf, req_to_token, req_rows, seq_lens, q_starts,
-                            block_req, block_start, scaling, causal=True, bias=bias)
+                            block_req, block_start, scaling, causal=True, bias=bias,
+                            softcap=softcap, window=window)

@@ -139,6 +139,46 @@ def write_pegasus_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "fl
     return out
 
 
+DEMO_T5GEMMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0)
+
+
+def write_t5gemma_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
+                             eos_factor: float = 1.0, tie_word_embeddings: bool = True,
+                             embed_scale: float = 0.15, encoder: dict | None = None,
+                             decoder: dict | None = None) -> Path:
+    """Write a random T5Gemma checkpoint with the T5 tokenizer (EOS 1, pad 0; the decoder
+    starts from BOS 2). `encoder` / `decoder` override DEMO_T5GEMMA's fields in that stack;
+    `eos_factor` scales an untied head's EOS row so that outputs end at different lengths;
+    `embed_scale` multiplies the embeddings (Gemma scales them up by the square root of the
+    width, and large ones under a tied head repeat the previous token)."""
+    import torch
+    from transformers import T5GemmaConfig, T5GemmaForConditionalGeneration
+
+    out = Path(out)
+    stacks = [dict(DEMO_T5GEMMA, vocab_size=32128, **(over or {})) for over in (encoder, decoder)]
+    hf_config = T5GemmaConfig(encoder=stacks[0], decoder=stacks[1], vocab_size=32128,
+                              bos_token_id=2, eos_token_id=1, pad_token_id=0,
+                              tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(seed)
+    model = T5GemmaForConditionalGeneration(hf_config).eval()
+    vary_weights(model, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.mul_(0.2)  # Gemma's norms multiply by 1 + weight: factors near 1
+        for stack in (model.model.encoder, model.model.decoder):
+            stack.embed_tokens.weight.mul_(embed_scale)
+        if not tie_word_embeddings:
+            model.lm_head.out_proj.weight[hf_config.eos_token_id] *= eos_factor
+    model.to(getattr(torch, dtype)).save_pretrained(str(out))
+    for f in T5_TOKENIZER.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
 DEMO_LLAMA = dict(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                   rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
