@@ -24,6 +24,8 @@ _MODELS: dict[str, tuple[str, str]] = {
                                         "BartForConditionalGeneration"),
     "WhisperForConditionalGeneration": ("seq2serve.models.whisper.model",
                                         "WhisperForConditionalGeneration"),
+    "Florence2ForConditionalGeneration": ("seq2serve.models.florence2.model",
+                                          "Florence2ForConditionalGeneration"),
 }
 
 # model_type -> architecture, for configs written without "architectures"
@@ -34,7 +36,8 @@ _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGen
                 "m2m_100": "M2M100ForConditionalGeneration",
                 "mbart": "MBartForConditionalGeneration",
                 "pegasus": "PegasusForConditionalGeneration",
-                "whisper": "WhisperForConditionalGeneration"}
+                "whisper": "WhisperForConditionalGeneration",
+                "florence2": "Florence2ForConditionalGeneration"}
 
 
 def supported_architectures() -> list[str]:
