@@ -36,6 +36,7 @@ SHAPES: dict[str, dict] = {
                   activation_function="relu", scale_embedding=True),
         tie=False, size=dict(height=48, width=40)),
 }
+EMBED_NORM = 1.5
 GENERATION = {"bos_token_id": 0, "decoder_start_token_id": 2, "eos_token_id": 2,
               "forced_eos_token_id": 2, "pad_token_id": 1}
 
@@ -57,7 +58,7 @@ def image_processor(size: dict, tokens: int):
 
 
 @torch.no_grad()
-def _randomize(model, seed: int) -> None:
+def _randomize(model, seed: int, eos: int, eos_boost: float) -> None:
     """A scale at which outputs vary with the image and the prompt: norms near 1, biases
     small, matrices and convolutions of unit output scale."""
     g = torch.Generator().manual_seed(seed)
@@ -69,9 +70,19 @@ def _randomize(model, seed: int) -> None:
             p.copy_(0.1 * torch.randn(p.shape, generator=g))
         else:
             p.copy_(torch.randn(p.shape, generator=g) * 1.5 / p[0].numel() ** 0.5)
+    # small token embeddings of one norm: over large ones the decoder repeats its previous
+    # token, and a tied head favours the longest rows
+    shared = model.model.language_model.shared.weight
+    shared.copy_(torch.nn.functional.normalize(shared, dim=-1) * EMBED_NORM)
+    # the decoder's last LayerNorm bias is in every output: the EOS row along it raises EOS
+    last = model.model.language_model.decoder.layers[-1].final_layer_norm.bias
+    model.lm_head.weight[eos] += eos_boost * torch.nn.functional.normalize(last, dim=0)
 
 
-def write_florence2_checkpoint(shape: str, out: Path, seed: int = 0) -> Path:
+def write_florence2_checkpoint(shape: str, out: Path, seed: int = 0,
+                               eos_boost: float = 0.0) -> Path:
+    """`eos_boost`: how far the head's EOS row moves towards every output (outputs end
+    earlier as it grows)."""
     from transformers import (
         Florence2Config,
         Florence2ForConditionalGeneration,
@@ -90,7 +101,7 @@ def write_florence2_checkpoint(shape: str, out: Path, seed: int = 0) -> Path:
                          **s["text"]))
     torch.manual_seed(seed)
     model = Florence2ForConditionalGeneration(cfg).eval()
-    _randomize(model, seed)
+    _randomize(model, seed, cfg.text_config.eos_token_id, eos_boost)
     model.save_pretrained(str(out))
     GenerationConfig(**GENERATION).save_pretrained(str(out))
     tokens = _image_tokens(model, s["size"])
