@@ -50,7 +50,7 @@ class Oracle:
         return seq, (out.sequences_scores[0].item() if case.get("num_beams", 1) > 1 else None)
 
 
-@pytest.fixture(scope="module", params=["tied", "untied"])
+@pytest.fixture(scope="module", params=["untied", "tied"])
 def florence(request, tmp_path_factory):
     path = str(write_florence2_checkpoint(request.param, tmp_path_factory.mktemp(request.param),
                                           eos_boost=2.5))
