@@ -14,9 +14,8 @@ from seq2serve.tests.florence2_checkpoints import write_florence2_checkpoint
 
 MAX_NEW = 14
 EOS = 2
-# Florence-2's own generation settings use no_repeat_ngram_size 3: tiny random models
-# otherwise repeat one token; min_new_tokens keeps EOS (also the decoder start) from coming
-# first
+# no_repeat_ngram_size 3: tiny random models otherwise repeat one token; min_new_tokens
+# keeps EOS (also the decoder start, which they tend to repeat) from coming first
 CASES = [{}, {"no_repeat_ngram_size": 3, "min_new_tokens": 2},
          {"num_beams": 4, "no_repeat_ngram_size": 3, "min_new_tokens": 2}]
 TASKS = ["<CAPTION>", "<OD>", "<OCR>"]
