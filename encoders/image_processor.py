@@ -23,7 +23,8 @@ class ImageProcessor:
 
     def __init__(self, model_path: str, model_id: str, tokens_per_tile: int | None,
                  pixel_dtype: torch.dtype = torch.float32, memo_size: int = 32,
-                 stages: list | None = None, extra_tokens: int = 0) -> None:
+                 stages: list | None = None, extra_tokens: int = 0,
+                 max_grid: int | None = None) -> None:
         from transformers import AutoImageProcessor
 
         try:
@@ -33,7 +34,8 @@ class ImageProcessor:
                              f"(preprocessor_config.json): {e}") from None
         self.model_id = model_id
         self.tokens_per_tile = tokens_per_tile
-        self.stages, self.extra_tokens = stages, extra_tokens  # the one-image layout's
+        # the one-image layout's: patch convolutions, tokens besides the grid's, grid limit
+        self.stages, self.extra_tokens, self.max_grid = stages, extra_tokens, max_grid
         self.pixel_dtype = pixel_dtype  # the model's: half the bytes to ship in bf16
         self.settings = json.dumps(self.hf.to_dict(), sort_keys=True, default=str)
         self.memo: OrderedDict[str, ImageFeatures] = OrderedDict()
@@ -70,17 +72,21 @@ class ImageProcessor:
 
     def _single(self, image: Image.Image, key: str) -> ImageFeatures:
         pixels = self.hf(images=[image], return_tensors="pt")["pixel_values"][0]
+        h, w = feature_grid(pixels.shape[-2:], self.stages)
+        if self.max_grid is not None and max(h, w) > self.max_grid:
+            raise ValueError(f"the processed image ({pixels.shape[-2]}x{pixels.shape[-1]}) "
+                             f"leaves a {h}x{w} feature grid, past the model's {self.max_grid} "
+                             f"grid positions (vision_config.max_position_embeddings)")
         return ImageFeatures(pixel_values=pixels.to(self.pixel_dtype).contiguous(),
                              aspect_ratio_id=0, num_tiles=1,
-                             num_tokens=grid_tokens(pixels.shape[-2:], self.stages)
-                             + self.extra_tokens, key=key)
+                             num_tokens=h * w + self.extra_tokens, key=key)
 
 
-def grid_tokens(size: tuple[int, int], stages: list) -> int:
-    """Positions of the feature grid an image of `size` (height, width) leaves after
+def feature_grid(size: tuple[int, int], stages: list) -> tuple[int, int]:
+    """(rows, columns) of the feature grid an image of `size` (height, width) leaves after
     convolutions of (kernel, stride, padding) `stages`."""
     h, w = size
     for kernel, stride, padding in stages:
         h = (h + 2 * padding - kernel) // stride + 1
         w = (w + 2 * padding - kernel) // stride + 1
-    return h * w
+    return h, w

@@ -115,3 +115,20 @@ def test_bad_input_is_refused_by_name(florence, kwargs, message):
     assert oracle.processor.tokenizer.image_token_id == 269  # (the ids above)
     with pytest.raises(ValueError, match=message):
         engine.generate(sampling_params={"max_new_tokens": 2}, **kwargs)
+
+
+def test_an_image_past_the_position_table_is_refused(florence):
+    """A processor size whose feature grid outgrows vision_config.max_position_embeddings
+    would index past HF's table: refused by name, before the encoder."""
+    from seq2serve.encoders.image_processor import ImageProcessor
+
+    engine, _ = florence
+    info, path = engine.tokenizer_manager.info, engine.tokenizer_manager.model_id
+    small = ImageProcessor(path, path, None, stages=info["image_stages"],
+                           extra_tokens=1, max_grid=2)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        small(b"x", lambda: IMAGES[0])
+    fits = ImageProcessor(path, path, None, stages=info["image_stages"], extra_tokens=1,
+                          max_grid=info["image_max_grid"])
+    assert fits(b"x", lambda: IMAGES[0]).num_tokens == (
+        engine.tokenizer_manager.image_processor(b"x", lambda: IMAGES[0]).num_tokens)

@@ -145,7 +145,9 @@ class Florence2Config(FamilyConfig):
     def frontend_info(self) -> dict[str, Any]:
         """What the TokenizerManager needs: the image's token count comes from its processed
         size through the tower's patch convolutions (`stages`, plus the projector's one pooled
-        token); the task tokens and the prompts they stand for (HF's Florence2Processor's)."""
+        token), within the 2-D position table's rows and columns; the task tokens and the
+        prompts they stand for (HF's Florence2Processor's)."""
         return {"has_vision": True, "image_prompt": True, "image_token_id": self.image_token_id,
                 "image_stages": self.vision.stages, "image_extra_tokens": 1,
+                "image_max_grid": self.vision.max_position_embeddings,
                 "task_prompts": dict(TASKS), "task_prompts_with_input": dict(TASKS_WITH_INPUT)}

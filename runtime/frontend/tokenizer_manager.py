@@ -122,7 +122,8 @@ class TokenizerManager:
             dtype = getattr(torch, info.get("dtype", "float32"))
             self.image_processor = ImageProcessor(
                 model_id, model_id, info.get("tokens_per_tile"), pixel_dtype=dtype,
-                stages=info.get("image_stages"), extra_tokens=info.get("image_extra_tokens", 0))
+                stages=info.get("image_stages"), extra_tokens=info.get("image_extra_tokens", 0),
+                max_grid=info.get("image_max_grid"))
             # decoding and preprocessing images is CPU work that releases the GIL enough to
             # run side by side
             self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
