@@ -26,6 +26,8 @@ _MODELS: dict[str, tuple[str, str]] = {
                                         "WhisperForConditionalGeneration"),
     "T5GemmaForConditionalGeneration": ("seq2serve.models.t5gemma.model",
                                         "T5GemmaForConditionalGeneration"),
+    "Florence2ForConditionalGeneration": ("seq2serve.models.florence2.model",
+                                          "Florence2ForConditionalGeneration"),
 }
 
 # model_type -> architecture, for configs written without "architectures"
@@ -37,7 +39,8 @@ _MODEL_TYPES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGen
                 "mbart": "MBartForConditionalGeneration",
                 "pegasus": "PegasusForConditionalGeneration",
                 "whisper": "WhisperForConditionalGeneration",
-                "t5gemma": "T5GemmaForConditionalGeneration"}
+                "t5gemma": "T5GemmaForConditionalGeneration",
+                "florence2": "Florence2ForConditionalGeneration"}
 
 
 def supported_architectures() -> list[str]:

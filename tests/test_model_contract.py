@@ -38,6 +38,11 @@ _TINY = {
     "pegasus": dict(_STACKS),
     "whisper": dict(_STACKS, max_source_positions=1500, max_target_positions=32),
     "t5gemma": dict(vocab_size=96, encoder=_GEMMA, decoder=dict(_GEMMA, num_hidden_layers=3)),
+    "florence2": dict(text_config=dict(_STACKS, model_type="bart"), image_token_id=96,
+                      vision_config=dict(depths=[1, 2], patch_size=[7, 3], patch_stride=[4, 2],
+                                         patch_padding=[3, 1], patch_prenorm=[False, True],
+                                         embed_dim=[16, 24], num_heads=[2, 3],
+                                         num_groups=[2, 3], window_size=3, projection_dim=32)),
 }
 
 

@@ -155,7 +155,13 @@ class BartForConditionalGeneration(ModelFamily):
         """Run the encoder over a packed ragged batch; returns hidden states [tokens, d_model]."""
         ids = fb.token_ids
         rows = self.encoder_positions.encoder_rows(ids, fb.segment_lens)
-        x = self.shared(ids) * self.embed_scale + self.encoder_positions(rows)
+        return self.encode_embeddings(self.shared(ids) * self.embed_scale, rows, fb)
+
+    def encode_embeddings(self, x: torch.Tensor, rows: torch.Tensor,
+                          fb: EncodeForwardBatch) -> torch.Tensor:
+        """The encoder over inputs already embedded [tokens, d_model] (Florence-2: an image's
+        features before its prompt's embeddings), at position table `rows`."""
+        x = x + self.encoder_positions(rows)
         if self.encoder_embed_norm is not None:
             x = self.encoder_embed_norm(x)
         for layer in self.encoder_layers:

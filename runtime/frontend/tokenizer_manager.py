@@ -24,6 +24,7 @@ from seq2serve.encoders.image_loader import MediaPolicy, read_image
 from seq2serve.encoders.pixel_store import PixelStore
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import CacheIsolation, RequestLimits
+from seq2serve.runtime.frontend import image_prompts
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     invalid_text,
@@ -119,8 +120,10 @@ class TokenizerManager:
             from seq2serve.encoders.image_processor import ImageProcessor
 
             dtype = getattr(torch, info.get("dtype", "float32"))
-            self.image_processor = ImageProcessor(model_id, model_id, info["tokens_per_tile"],
-                                                  pixel_dtype=dtype)
+            self.image_processor = ImageProcessor(
+                model_id, model_id, info.get("tokens_per_tile"), pixel_dtype=dtype,
+                stages=info.get("image_stages"), extra_tokens=info.get("image_extra_tokens", 0),
+                max_grid=info.get("image_max_grid"))
             # decoding and preprocessing images is CPU work that releases the GIL enough to
             # run side by side
             self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
@@ -179,14 +182,19 @@ class TokenizerManager:
             self._check_limits(sp)
             _check_beams(sp, obj)
             enc, dec, forced = self._token_ids(item, item["decoder_forced"])
+            image_prompt = self.info.get("image_prompt", False)  # Florence-2
+            if image_prompt:
+                enc = image_prompts.prompt_after_image(enc, images, self.info["image_token_id"])
             given = _sets(item["sampling_params"], "min_new_tokens")
             sp.min_new_tokens = runtime_min_new_tokens(sp, given, len(dec), forced,
                                                        self.info.get("min_length", 0))
             spans = None
-            if self.image_processor is not None:
+            if self.image_processor is not None and not self.is_encoder_decoder:
                 spans = cross_spans(dec, self.info["image_token_id"],
                                     [img.num_tokens for img in images])
             self._check_lengths(enc, dec, sp, sum(img.num_tokens for img in images))
+            if image_prompt:  # the prompt travels with its image, one encoder input
+                enc, images = [], image_prompts.pack(enc, images)
             k = obj.logprob_start_len
             if k is not None and k > len(dec):
                 raise ValueError(f"logprob_start_len {k} is past the decoder input's "
@@ -339,6 +347,8 @@ class TokenizerManager:
 
     def _prompt_ids(self, text: str) -> list[int]:
         self.check_text(text)
+        if self.info.get("image_prompt"):
+            return image_prompts.task_prompt_ids(self.tokenizer, text, self.info)
         if self.image_processor is None:
             return self.tokenizer(text).input_ids
         # exactly as HF's Mllama processor: unless the prompt has a BOS token already, one is

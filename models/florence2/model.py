@@ -1,0 +1,88 @@
+"""Florence-2: a DaViT vision tower whose projected features, followed by the task prompt's
+token embeddings, are the input of a BART encoder-decoder (the BART family's blocks, learned
+positions over the whole input, no final_logits_bias).
+
+An encoder input is one image and its prompt (`encoders.image_prompt.ImagePrompt`, packed by
+its `batch` as an `ImagePromptBatch`): the encoder reads [image tokens, prompt tokens] as one
+sequence, exactly where HF's processor puts the image's placeholder tokens (first, before the
+prompt's BOS). The decoder, its cross-attention and the head are BART's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from seq2serve.models.bart.model import BartForConditionalGeneration
+from seq2serve.models.bart.positions import segment_positions
+from seq2serve.models.family import ModelFamily
+from seq2serve.models.florence2.config import Florence2Config
+from seq2serve.models.florence2.vision import DaViT, ImageProjector
+from seq2serve.models.florence2.weights import hf_to_param, load_priority
+
+if TYPE_CHECKING:
+    from seq2serve.runtime.attention.forward_batch import EncodeForwardBatch, ForwardBatch
+
+_HEAD = "language_model.lm_head.weight"
+
+
+class Florence2ForConditionalGeneration(ModelFamily):
+    config_class = Florence2Config
+
+    def __init__(self, cfg: Florence2Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vision_tower = DaViT(cfg.vision)
+        self.multi_modal_projector = ImageProjector(cfg.vision)
+        self.language_model = BartForConditionalGeneration(cfg.text)
+
+    # --- the encoder stage -------------------------------------------------------------------
+    def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
+        """Each input's image tokens, then its prompt's embeddings, through BART's encoder;
+        a text-only batch (the start-up warm-up's) is BART's text encoder, as HF without
+        pixel_values."""
+        lm, batch = self.language_model, fb.model_input
+        if batch is None:
+            return lm.encode(fb)
+        assert fb.token_ids is None, "Florence-2's inputs are images with their prompts"
+        dtype = self.multi_modal_projector.image_projection.weight.dtype
+        images = self.multi_modal_projector(self.vision_tower(batch.pixel_values.to(dtype)))
+        text = lm.shared(batch.token_ids) * lm.embed_scale
+        parts = []
+        for image, prompt in zip(images, text.split(batch.text_lens)):
+            parts += [image, prompt]
+        x = torch.cat(parts)
+        assert x.shape[0] == sum(fb.segment_lens), "an image's token count differs from its size's"
+        rows = segment_positions(fb.segment_lens, x.device) + lm.encoder_positions.offset
+        return lm.encode_embeddings(x, rows, fb)
+
+    def store_cross_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
+        self.language_model.store_cross_kv(encoder_hidden, fb)
+
+    # --- the decoder: BART's -----------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        return self.language_model(input_ids, positions, fb)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden)
+
+    # --- weights -----------------------------------------------------------------------------
+    def weight_map(self, name: str) -> list[tuple[str, int | None]] | None:
+        return hf_to_param(name, self.cfg)
+
+    load_priority = staticmethod(load_priority)
+
+    def tie_missing(self, missing: set[str]) -> set[str]:
+        """The head shares the decoder's embedding where the checkpoint has none and
+        config.json's (top-level) tie_word_embeddings allows."""
+        if _HEAD in missing and self.cfg.tie_head:
+            lm = self.language_model
+            embed = lm.shared if lm.decoder_embed is None else lm.decoder_embed
+            lm.lm_head.weight = embed.weight
+            missing = missing - {_HEAD}
+        return missing
+
+    def init_buffers(self) -> None:
+        self.language_model.init_buffers()
