@@ -354,3 +354,37 @@ def test_new_families_match_hf_with_graphs_in_float32(tmp_path, family):
         lengths = check_generate(engine, path, sources, 10, 1, cases)
     if family != "t5gemma_gqa_capped":  # (its tied head never reaches EOS in 10 tokens)
         assert len(lengths) > 1, lengths
+
+
+def _florence_outputs(path: str, inputs: list, case: dict, **engine_args) -> list:
+    from seq2serve import Seq2SeqEngine
+    from seq2serve.tests.test_florence2 import IMAGES, MAX_NEW
+
+    with Seq2SeqEngine(model_path=path, device="cuda", **engine_args) as engine:
+        return engine.generate(input_ids=[i["input_ids"][0].tolist() for i in inputs],
+                               image_data=[[im] for im in IMAGES],
+                               sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0,
+                                                **case})
+
+
+def test_florence2_matches_hf_with_graphs(tmp_path):
+    """Florence-2 on the GPU's default path (the Triton backend, CUDA graphs; the vision
+    tower on the CUDA ops): in float32, greedy and 4 beams give HF's tokens and scores (HF on
+    the CPU); in bfloat16, graphs on give what graphs off give."""
+    from seq2serve.tests.florence2_checkpoints import write_florence2_checkpoint
+    from seq2serve.tests.test_florence2 import CASES, IMAGES, TASKS, Oracle
+
+    path = str(write_florence2_checkpoint("untied", tmp_path / "florence2", eos_boost=2.5))
+    oracle = Oracle(path)
+    inputs = [oracle.inputs(t, im) for t, im in zip(TASKS, IMAGES)]
+    for case in CASES:
+        for inp, res in zip(inputs, _florence_outputs(path, inputs, case, dtype="float32")):
+            tokens, score = oracle.generate(inp, **case)
+            assert res["output_ids"] == tokens, case
+            if score is not None:
+                assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)
+    graphs, eager = (
+        [r["output_ids"] for r in _florence_outputs(path, inputs, CASES[2], dtype="bfloat16",
+                                                    disable_cuda_graph=off)]
+        for off in (False, True))
+    assert graphs == eager

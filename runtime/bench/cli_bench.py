@@ -26,7 +26,8 @@ def add_bench_parser(sub) -> None:
                           ("one-batch", _one_batch, "latency of one batch")):
         p = sub.add_parser(name, help=doc)
         p.add_argument("--shape", help="a real model shape with random weights (mt5-large, "
-                       "nllb-200-distilled-600m, opus-mt, pegasus-large, umt5-base, ...)")
+                       "nllb-200-distilled-600m, opus-mt, bart-large-cnn, pegasus-large, "
+                       "umt5-base, t5gemma-2b-2b, ...)")
         p.add_argument("--model-path", help="or a model directory (real weights)")
         p.add_argument("--num-requests", type=int, default=1024)
         p.add_argument("--input-len", type=int, default=128)

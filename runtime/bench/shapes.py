@@ -1,7 +1,7 @@
 """Model directories of real shapes (config, tokenizer, image processor: no weights) for
-benchmarks, served with load_format="dummy" (random weights). The translation and Pegasus
-shapes (NLLB, OPUS-MT, pegasus-large, T5Gemma) get T5's tokenizer: benchmarks send token ids, and
-every id it makes is in their vocabularies."""
+benchmarks, served with load_format="dummy" (random weights). The translation and
+summarization shapes and T5Gemma's (NLLB, OPUS-MT, BART, Pegasus, T5Gemma) get T5's tokenizer:
+benchmarks send token ids, and every id it makes is in their vocabularies."""
 
 from __future__ import annotations
 
@@ -54,6 +54,16 @@ SHAPES: dict[str, dict] = {
         "scale_embedding": True, "share_encoder_decoder_embeddings": True,
         "tie_word_embeddings": True, "pad_token_id": 58100, "eos_token_id": 0,
         "decoder_start_token_id": 58100, "forced_eos_token_id": 0},
+    # facebook/bart-large-cnn (its config.json; the T5 tokenizer's ids fit its vocabulary)
+    "bart-large-cnn": {
+        "architectures": ["BartForConditionalGeneration"], "model_type": "bart",
+        "vocab_size": 50264, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
+        "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+        "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "activation_function": "gelu",
+        "max_position_embeddings": 1024, "scale_embedding": False, "tie_word_embeddings": True,
+        "normalize_before": False, "add_final_layer_norm": False, "pad_token_id": 1,
+        "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2,
+        "forced_bos_token_id": 0, "forced_eos_token_id": 2},
     # google/pegasus-large (its config.json; the T5 tokenizer's ids fit its vocabulary)
     "pegasus-large": {
         "architectures": ["PegasusForConditionalGeneration"], "model_type": "pegasus",
