@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,7 +63,13 @@ def make_t5(path: Path, **cfg) -> Path:
 def hf_model(path: str):
     from transformers import AutoModelForSeq2SeqLM
 
-    return AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32).eval()
+    kwargs = {}
+    with open(f"{path}/config.json") as f:
+        if json.load(f).get("model_type") == "t5gemma":
+            # T5Gemma soft-caps its attention scores, which SDPA cannot: transformers before
+            # 5.23 (the GPU machine's 5.17) still chose SDPA for it, dropping the cap
+            kwargs["attn_implementation"] = "eager"
+    return AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
 
 
 def hf_greedy(path: str, encoder_ids: list[int], max_new_tokens: int,
