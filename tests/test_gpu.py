@@ -370,7 +370,9 @@ def _florence_outputs(path: str, inputs: list, case: dict, **engine_args) -> lis
 def test_florence2_matches_hf_with_graphs(tmp_path):
     """Florence-2 on the GPU's default path (the Triton backend, CUDA graphs; the vision
     tower on the CUDA ops): in float32, greedy and 4 beams give HF's tokens and scores (HF on
-    the CPU); in bfloat16, graphs on give what graphs off give."""
+    the CPU; the scores within 2e-3: the tower's convolutions run on cuDNN, which PyTorch lets
+    use TF32 in float32 by default, and HF on a GPU would too: an H200 gave -2.85645 for HF's
+    -2.85574); in bfloat16, graphs on give what graphs off give."""
     from seq2serve.tests.florence2_checkpoints import write_florence2_checkpoint
     from seq2serve.tests.test_florence2 import CASES, IMAGES, TASKS, Oracle
 
@@ -382,7 +384,7 @@ def test_florence2_matches_hf_with_graphs(tmp_path):
             tokens, score = oracle.generate(inp, **case)
             assert res["output_ids"] == tokens, case
             if score is not None:
-                assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)
+                assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=2e-3)
     graphs, eager = (
         [r["output_ids"] for r in _florence_outputs(path, inputs, CASES[2], dtype="bfloat16",
                                                     disable_cuda_graph=off)]
