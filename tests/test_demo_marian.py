@@ -72,6 +72,21 @@ def test_it_translates_sentences_it_never_saw(engine, held_out):
         (en, r["text"]) for r, (en, de) in zip(got, held_out) if r["text"] != de][:5]
 
 
+def test_typographic_punctuation_is_normalized_as_opus_mt_sources_were(held_out):
+    """sacremoses (a dependency) normalizes the source's punctuation in the Marian tokenizer,
+    as OPUS-MT's training data was: curly quotes, a double space and an ellipsis character
+    tokenize as their plain forms do (without it, HF skips the step with a warning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # HF's "Recommended: pip install sacremoses"
+        tok = load_tokenizer(MARIAN)
+    plain = held_out[0][0].removesuffix(".")
+    fancy, ascii_ = "\u201c" + plain.replace(" ", "  ", 1) + "\u201d\u2026", f'"{plain}"...'
+    assert tok(fancy).input_ids == tok(ascii_).input_ids
+    assert tok(fancy.replace("\u2026", "")).input_ids != tok(fancy).input_ids
+
+
 @pytest.mark.parametrize("kind", ["markdown", "html"])
 def test_a_document_comes_back_translated_with_its_structure(engine, kind):
     """Every text part is its own translation and every structure part is byte for byte where
