@@ -167,7 +167,7 @@ def write_t5gemma_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "fl
     vary_weights(model, seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+            if name.endswith("norm.weight"):  # the layernorms and each stack's last norm
                 p.mul_(0.2)  # Gemma's norms multiply by 1 + weight: factors near 1
         for stack in (model.model.encoder, model.model.decoder):
             stack.embed_tokens.weight.mul_(embed_scale)
