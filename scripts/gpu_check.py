@@ -20,14 +20,19 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
    run, served by four HTTP processes (`--api-server-count 4`): every request answered, and
    the server / offline ratio printed (`benchmarks/serving_vs_offline.sh`; issue 38's full
    figures run it at 256 streams).
+5. `families`: issue 44's shapes in bf16 with random weights, `bart-large-cnn` (4 beams) and
+   `florence-2-large` (3 beams, a random 768x768 image a request):
+   `benchmarks/graphs_parity.py` (CUDA graphs on == off, token for token: the verdict) and
+   `bench offline --baseline hf` against HF `generate` at several batch sizes, default and
+   static cache (figures printed; best against best).
 
 Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
-status is the number of failed parts. `--only tests,serve,bench,serving` runs a subset; the
-tests part alone has outgrown one 600 s call of a lent machine, so `--only tests-fast` (with
-GPU_CHECK_WORKERS=16) and `--only tests-slow` (GPU_CHECK_WORKERS=6) split it in two, and
-`serve` (~330 s) and `bench` (~260 s) together overrun one call: run them apart. Write the
-output to a file under $OUT rather than through a pipe, so a call that times out still
-returns the verdicts printed so far.
+status is the number of failed parts. `--only tests,serve,bench,serving,families` runs a
+subset; the tests part alone has outgrown one 600 s call of a lent machine, so `--only
+tests-fast` (with GPU_CHECK_WORKERS=16) and `--only tests-slow` (GPU_CHECK_WORKERS=6) split it
+in two, and `serve` (~330 s), `bench` (~260 s) and `families` overrun one call together: run
+them apart. Write the output to a file under $OUT rather than through a pipe, so a call that
+times out still returns the verdicts printed so far.
 """
 
 from __future__ import annotations
@@ -286,6 +291,39 @@ def _bench_script(lines: list[str], script: str, *args: str) -> dict | None:
     return json.loads(out.read_text())
 
 
+# issue 44's shapes: (shape, beams, graphs parity workload, offline workload, HF batch sizes)
+FAMILIES = [
+    ("bart-large-cnn", 4, ["--requests", "32", "--input-len", "256", "--output-len", "32"],
+     ["--num-requests", "512", "--batch-sizes", "512", "--input-len", "512",
+      "--output-len", "128"], "32,128"),
+    ("florence-2-large", 3, ["--requests", "16", "--input-len", "16", "--output-len", "32"],
+     ["--num-requests", "256", "--batch-sizes", "384", "--input-len", "16",
+      "--output-len", "64"], "32,64"),
+]
+
+
+def check_families() -> bool:
+    ok, lines = True, []
+    for shape, beams, parity, offline, hf_sizes in FAMILIES:
+        r = _bench_script(lines, "graphs_parity.py", "--shape", shape, "--num-beams",
+                          str(beams), *parity)
+        if r is not None:
+            ok = ok and r["same"] == r["requests"]
+            lines.append(f"{shape} graphs on == off: {r['same']}/{r['requests']} requests "
+                         f"({r['distinct_outputs']} distinct outputs)")
+        out = LOGS / f"bench_{shape}.json"
+        p = subprocess.run(_cli("bench", "offline", "--shape", shape, "--num-beams", str(beams),
+                                *offline, "--baseline", "hf", "--hf-batch-size", hf_sizes,
+                                "--json", str(out)),
+                           cwd=ROOT, capture_output=True, text=True)
+        lines += [f"{shape}: {ln}" for ln in p.stdout.splitlines()
+                  if ln.startswith(("seq2serve", "HF", "best against best"))]
+        if p.returncode:
+            lines.append(f"{FAILED}{shape} bench offline: {p.stderr[-2000:]}")
+    ok = ok and not any(line.startswith(FAILED) for line in lines)
+    return verdict("families", ok, " | ".join(lines))
+
+
 def check_serving() -> bool:
     log = LOGS / "serving.log"
     # no py-spy inside the load (it stops the processes it samples); four HTTP processes
@@ -304,7 +342,7 @@ def check_serving() -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="tests,serve,bench,serving")
+    parser.add_argument("--only", default="tests,serve,bench,serving,families")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -320,6 +358,8 @@ def main() -> int:
         results.append(check_bench())
     if "serving" in parts:
         results.append(check_serving())
+    if "families" in parts:
+        results.append(check_families())
     failed = results.count(False)
     print(f"gpu check: {len(results) - failed} of {len(results)} parts passed", flush=True)
     return failed

@@ -32,7 +32,9 @@ def add_bench_parser(sub) -> None:
         p.add_argument("--num-requests", type=int, default=1024)
         p.add_argument("--input-len", type=int, default=128)
         p.add_argument("--output-len", type=int, default=128)
-        p.add_argument("--image-size", type=int, default=1120, help="Mllama: 1120 = 4 tiles")
+        p.add_argument("--image-size", type=int, default=None,
+                       help="random images of this size a side (default: Mllama's 1120 = "
+                            "4 tiles, Florence-2's 768)")
         p.add_argument("--batch-sizes", default="128",
                        help="comma-separated: concurrency (offline) or batch size (one-batch)")
         p.add_argument("--baseline", type=_baselines, default="none",
@@ -98,8 +100,9 @@ def _requests(model_dir: str, args, n: int):
 
     mc = ModelConfig.from_path(model_dir)
     image_token = mc.arch.frontend_info().get("image_token_id")
+    size = args.image_size or (1120 if mc.arch.frontend_info().get("tokens_per_tile") else 768)
     wl = Workload(n, args.input_len, args.output_len,
-                  image_size=args.image_size if image_token is not None else 0)
+                  image_size=size if image_token is not None else 0)
     eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1
     return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token, eos=eos)
 

@@ -4,7 +4,9 @@ cache with the forward compiled, HF's fastest documented configuration)."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -18,24 +20,29 @@ def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
         AutoConfig,
         AutoModelForCausalLM,
         AutoModelForSeq2SeqLM,
+        Florence2ForConditionalGeneration,
         MllamaForConditionalGeneration,
     )
 
     config = AutoConfig.from_pretrained(model_dir)
     kind = config.model_type
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    classes = {"mllama": MllamaForConditionalGeneration,
+               "florence2": Florence2ForConditionalGeneration}
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):  # a model class builds with _from_config, an Auto class not
-            model = (MllamaForConditionalGeneration._from_config(config, dtype=dtype)
-                     if kind == "mllama" else auto.from_config(config, dtype=dtype))
+            model = (classes[kind]._from_config(config, dtype=dtype) if kind in classes
+                     else auto.from_config(config, dtype=dtype))
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
 
 
 def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
+    if reqs[0].image is not None and _model_type(model_dir) == "florence2":
+        return _image_prompt_inputs(model_dir, reqs, device)
     ids = torch.tensor([r.input_ids for r in reqs], device=device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if reqs[0].image is not None:
@@ -54,6 +61,28 @@ def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
         inputs.update({k: v.to(device) for k, v in pix.items()},
                       cross_attention_mask=torch.tensor(mask, device=device))
     return inputs
+
+
+def _model_type(model_dir: str) -> str:
+    return _config(model_dir)["model_type"]
+
+
+def _config(model_dir: str) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def _image_prompt_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
+    """Florence-2 as its processor feeds it: the image's placeholder tokens (as many as its
+    features), then the prompt."""
+    from transformers import AutoImageProcessor
+
+    proc = AutoImageProcessor.from_pretrained(model_dir)
+    pixels = proc(images=[r.image for r in reqs], return_tensors="pt")["pixel_values"]
+    image_token = _config(model_dir)["image_token_id"]
+    ids = torch.tensor([[image_token] * proc.image_seq_length + r.input_ids for r in reqs],
+                       device=device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "pixel_values": pixels.to(device)}
 
 
 def _sync(device: torch.device) -> None:

@@ -1,7 +1,9 @@
 """Model directories of real shapes (config, tokenizer, image processor: no weights) for
 benchmarks, served with load_format="dummy" (random weights). The translation and
-summarization shapes and T5Gemma's (NLLB, OPUS-MT, BART, Pegasus, T5Gemma) get T5's tokenizer:
-benchmarks send token ids, and every id it makes is in their vocabularies."""
+summarization shapes, T5Gemma's and Florence-2's (NLLB, OPUS-MT, BART, Pegasus, T5Gemma,
+Florence-2) get T5's tokenizer: benchmarks send token ids, and every id it makes is in their
+vocabularies (Florence-2's prompts are sent without the image's placeholder tokens, which the
+runtime does not need and HF's baseline gets prepended)."""
 
 from __future__ import annotations
 
@@ -87,6 +89,28 @@ SHAPES: dict[str, dict] = {
                    "max_position_embeddings": 8192,
                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
            for stack in ("encoder", "decoder")}},
+    # microsoft/Florence-2-large as HF's Florence2ForConditionalGeneration reads it: a DaViT
+    # tower (768x768 images: 576 grid tokens and one pooled) feeding BART-large; its 51,289
+    # tokens and the `<image>` placeholder HF's processor adds (HF embeds it too)
+    "florence-2-large": {
+        "architectures": ["Florence2ForConditionalGeneration"], "model_type": "florence2",
+        "image_token_id": 51289, "tie_word_embeddings": True,
+        "text_config": {"model_type": "bart", "vocab_size": 51290, "d_model": 1024,
+                        "encoder_layers": 12, "decoder_layers": 12,
+                        "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+                        "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096,
+                        "activation_function": "gelu", "max_position_embeddings": 1024,
+                        "scale_embedding": False, "pad_token_id": 1, "bos_token_id": 0,
+                        "eos_token_id": 2, "decoder_start_token_id": 2,
+                        "forced_eos_token_id": 2},
+        "vision_config": {"model_type": "florence_vision", "depths": [1, 1, 9, 1],
+                          "patch_size": [7, 3, 3, 3], "patch_stride": [4, 2, 2, 2],
+                          "patch_padding": [3, 1, 1, 1],
+                          "patch_prenorm": [False, True, True, True],
+                          "embed_dim": [256, 512, 1024, 2048], "num_heads": [8, 16, 32, 64],
+                          "num_groups": [8, 16, 32, 64], "window_size": 12,
+                          "projection_dim": 1024, "max_position_embeddings": 50,
+                          "max_temporal_embeddings": 100}},
     "llama-3.2-1b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
         "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
@@ -143,6 +167,16 @@ def write_shape(name: str, out: str | Path) -> Path:
         tok.save_pretrained(str(out))
         MllamaImageProcessor(size={"height": 560, "width": 560},
                                 max_image_tiles=4).save_pretrained(str(out))
+    elif name.startswith("florence"):
+        from transformers import CLIPImageProcessor
+
+        for f in T5_TOKENIZER.iterdir():
+            shutil.copy(f, out / f.name)
+        # Florence-2's processor: 768x768, ImageNet's mean and deviation, 577 image tokens
+        CLIPImageProcessor(size={"height": 768, "width": 768}, do_center_crop=False,
+                           crop_size={"height": 768, "width": 768}, resample=3,
+                           image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225],
+                           image_seq_length=577).save_pretrained(str(out))
     elif name.startswith("llama"):
         for f in LLAMA3_TOKENIZER.iterdir():
             shutil.copy(f, out / f.name)

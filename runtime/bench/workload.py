@@ -14,7 +14,7 @@ class Workload:
     num_requests: int
     input_len: int  # encoder tokens (T5) or prompt tokens (decoder-only, Mllama)
     output_len: int
-    image_size: int = 0  # Mllama: a square image of this many pixels a side (1120: 4 tiles)
+    image_size: int = 0  # a square image of this many pixels a side (Mllama's 1120: 4 tiles)
     seed: int = 0
 
 
@@ -27,10 +27,16 @@ class BenchRequest:
 def make_requests(wl: Workload, vocab_size: int, is_encoder_decoder: bool,
                   image_token_id: int | None = None, bos: int = 128000,
                   eos: int = 1) -> list[BenchRequest]:
+    """An encoder-decoder model with an image token (Florence-2) gets an image and a prompt
+    of `input_len` tokens (BOS 0 ... EOS, without the image's placeholders) per request."""
     rng = random.Random(wl.seed)
     reqs = []
     for i in range(wl.num_requests):
-        if is_encoder_decoder:  # a source ending with the model's EOS (T5's: 1)
+        if is_encoder_decoder and image_token_id is not None:
+            ids = [rng.randrange(3, min(vocab_size, 32000)) for _ in range(wl.input_len - 2)]
+            reqs.append(BenchRequest([0] + ids + [eos], image=random_image(
+                wl.seed * 100003 + i, wl.image_size)))
+        elif is_encoder_decoder:  # a source ending with the model's EOS (T5's: 1)
             ids = [rng.randrange(3, min(vocab_size, 32000)) for _ in range(wl.input_len - 1)]
             reqs.append(BenchRequest(ids + [eos]))
         elif image_token_id is not None:
