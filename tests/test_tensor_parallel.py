@@ -1,7 +1,8 @@
 """Tensor parallelism on the CPU (gloo): `tp_size=2` gives the same greedy tokens as
 Hugging Face (and so as `tp_size=1`) in float32 for T5 (6 heads), Llama (GQA: 6 query heads,
-2 key/value heads) and Mllama (with images), through `Seq2SeqEngine`; sizes that do not divide
-the heads are refused with a message naming them; a rank that dies takes the server down."""
+2 key/value heads), Mllama (with images) and T5Gemma (GQA, sliding windows, soft-caps; beams
+too), through `Seq2SeqEngine`; sizes that do not divide the heads are refused with a message
+naming them; a rank that dies takes the server down."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.tools.demo_checkpoint import (
     write_llama_checkpoint,
     write_mllama_checkpoint,
+    write_t5gemma_checkpoint,
 )
+from seq2serve.tests.family_parity import check_generate
 from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
 from seq2serve.tests.server_helpers import ServerProcess
 
@@ -136,6 +139,46 @@ def test_llama_gqa_tp2_matches_hf_with_a_cached_prefix(tmp_path):
     assert all(re.fullmatch(REGEX, o["text"]) for o in tp2), [o["text"] for o in tp2]
 
 
+# T5Gemma: 4 query heads over 2 key/value heads (one group a rank) in both stacks, an encoder
+# wider than the decoder (the cross K/V project its width to the decoder's heads), a window of
+# 3 behind the sources and outputs, soft-caps that bend the scores, an odd vocabulary
+_GEMMA = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+              sliding_window=3, attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
+              intermediate_size=48, num_hidden_layers=2)
+T5GEMMA_TP = dict(vocab_size=32101, seed=2, encoder=dict(_GEMMA, hidden_size=40),
+                  decoder=dict(_GEMMA, hidden_size=32))
+
+
+@pytest.fixture(scope="module")
+def t5gemma_tp_dir(tmp_path_factory):
+    return str(write_t5gemma_checkpoint(tmp_path_factory.mktemp("t5gemma_tp"),
+                                        tie_word_embeddings=False, **T5GEMMA_TP))
+
+
+def _token_ids(path: str, n: int) -> list[list[int]]:
+    tok = load_tokenizer(path)
+    return [tok(s).input_ids for s in SOURCES[:n]]
+
+
+def test_t5gemma_tp2_matches_hf_and_tp1(t5gemma_tp_dir):
+    """Greedy and 4 beams (tokens and scores) are HF's at tp_size 2; greedy is tp_size 1's."""
+    path, sources = t5gemma_tp_dir, _token_ids(t5gemma_tp_dir, 3)
+    with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
+        check_generate(engine, path, sources, 6, 1, [{}, {"num_beams": 4}])
+        tp2 = engine.generate(input_ids=sources, sampling_params=GREEDY)
+        engine.check_integrity()
+    with Seq2SeqEngine(model_path=path, **POOLS) as engine:
+        tp1 = engine.generate(input_ids=sources, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in tp2] == [o["output_ids"] for o in tp1]
+
+
+def test_t5gemma_tp2_with_a_tied_head_matches_hf(tmp_path):
+    """The head is each rank's rows of the decoder's embedding."""
+    path = str(write_t5gemma_checkpoint(tmp_path, tie_word_embeddings=True, **T5GEMMA_TP))
+    with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
+        check_generate(engine, path, _token_ids(path, 3), 6, 1, [{}])
+
+
 @pytest.fixture(scope="module")
 def mllama_tp():
     import tempfile
@@ -180,6 +223,20 @@ def test_mllama_tp2_matches_hf_with_images(mllama_tp):
 def test_a_tp_size_that_does_not_fit_is_refused(t5_tp_dir, tp_size, message):
     with pytest.raises(Exception, match=message):
         Seq2SeqEngine(model_path=t5_tp_dir, tp_size=tp_size, **POOLS)
+
+
+@pytest.mark.parametrize("tp_size, message", [
+    (3, "tp_size 3 does not divide the model's 4 attention heads"),
+    (4, "tp_size 4 does not divide the model's 2 key/value heads"),
+])
+def test_a_tp_size_that_does_not_divide_t5gemmas_heads_is_refused(t5gemma_tp_dir, tp_size,
+                                                                  message):
+    """The check the engine makes before any rank starts (the engine's path: T5's above)."""
+    from seq2serve.models.loader import check_tensor_parallel
+    from seq2serve.runtime.config.model_config import ModelConfig
+
+    with pytest.raises(ValueError, match=message):
+        check_tensor_parallel(ModelConfig.from_path(t5gemma_tp_dir), tp_size)
 
 
 def _rank_processes(scheduler_pid: int) -> list[int]:

@@ -9,6 +9,10 @@ both sides of the query, the decoder's behind it): the runtime's attention backe
 the encoder's width to the decoder's heads, once per encoder output. The logits are soft-capped
 too. Gemma's norms multiply by `1 + weight`: the loaded weights become those factors once
 (`init_buffers`), so the blocks use the runtime's plain RMS norm.
+
+Tensor parallelism splits it as Llama: each rank holds its share of every stack's query and
+key/value heads (the cross-attention's too) and feed-forward channels, and its rows of both
+embeddings and the head (models/vocab_parallel.py); the soft-cap applies to the gathered logits.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from seq2serve.models.attention import Attention
 from seq2serve.models.bart.positions import segment_positions
 from seq2serve.models.block import pre_norm
 from seq2serve.models.family import ModelFamily
-from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
+from seq2serve.models.linear import ColumnParallelLinear, RowParallelLinear
+from seq2serve.models.llama.model import local_heads
 from seq2serve.models.mlp import GatedMLP
 from seq2serve.models.norm import RMSNorm
 from seq2serve.models.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from seq2serve.models.t5gemma.config import GemmaStack, T5GemmaConfig
 from seq2serve.models.t5gemma.weights import hf_to_param
+from seq2serve.models.vocab_parallel import embedding, lm_head
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
@@ -37,7 +43,10 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin of every token's position
 
 
 def _attention(s: GemmaStack, kind: AttentionKind, layer_id: int, window: int | None) -> Attention:
-    return Attention(kind, layer_id, s.num_heads, s.num_kv_heads, s.head_dim,
+    """This tensor-parallel rank's share of the heads. Built before the projections: a
+    tp_size that does not divide the heads is refused naming them, not their features."""
+    heads, kv_heads = local_heads(s.num_heads, s.num_kv_heads)
+    return Attention(kind, layer_id, heads, kv_heads, s.head_dim,
                      scaling=s.query_pre_attn_scalar**-0.5, sliding_window=window,
                      softcap=s.attn_softcap)
 
@@ -45,12 +54,12 @@ def _attention(s: GemmaStack, kind: AttentionKind, layer_id: int, window: int | 
 class GemmaSelfAttention(nn.Module):
     def __init__(self, s: GemmaStack, kind: AttentionKind, layer: int) -> None:
         super().__init__()
+        self.attn = a = _attention(s, kind, layer if kind is AttentionKind.SELF else -1,
+                                   s.window(layer))
+        self.q_size, self.kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        self.q_size, self.kv_size = q, kv
         self.qkv_proj = ColumnParallelLinear(s.hidden_size, [q, kv, kv], what="heads' q/k/v")
         self.o_proj = RowParallelLinear(q, s.hidden_size, what="heads' outputs")
-        self.attn = _attention(s, kind, layer if kind is AttentionKind.SELF else -1,
-                               s.window(layer))
 
     def attend(self, qkv: torch.Tensor, rope: Rope,
                fb: ForwardBatch | EncodeForwardBatch) -> torch.Tensor:
@@ -64,12 +73,12 @@ class GemmaSelfAttention(nn.Module):
 class GemmaCrossAttention(nn.Module):
     def __init__(self, s: GemmaStack, encoder_width: int, layer: int) -> None:
         super().__init__()
+        self.attn = a = _attention(s, AttentionKind.CROSS, layer, None)
+        self.kv_size = a.num_kv_heads * a.head_dim  # this rank's
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         self.q_proj = ColumnParallelLinear(s.hidden_size, q, what="heads' q")
         self.kv_proj = ColumnParallelLinear(encoder_width, [kv, kv], what="heads' k/v")
         self.o_proj = RowParallelLinear(q, s.hidden_size, what="heads' outputs")
-        self.attn = _attention(s, AttentionKind.CROSS, layer, None)
-        self.kv_size = kv
 
     def store_kv(self, encoder_hidden: torch.Tensor, fb: EncodeForwardBatch) -> None:
         k, v = self.kv_proj(encoder_hidden).split(self.kv_size, dim=-1)
@@ -114,8 +123,8 @@ class GemmaStackModule(nn.Module):
                  encoder_width: int | None = None) -> None:
         super().__init__()
         self.stack = s
-        self.embed_tokens = nn.Embedding(vocab, s.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = embedding(vocab, s.hidden_size)
+        self.embed_scale = s.hidden_size**0.5  # rounded to the model's dtype by init_buffers
         self.rotary = RotaryEmbedding(s.head_dim, s.rope_theta, None)
         self.layers = nn.ModuleList(GemmaLayer(s, kind, i, encoder_width)
                                     for i in range(s.num_layers))
@@ -123,9 +132,7 @@ class GemmaStackModule(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch | EncodeForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(ids)
-        # HF multiplies by the square root of the width rounded to the model's dtype
-        x = x * torch.tensor(self.stack.hidden_size**0.5, dtype=x.dtype)
+        x = self.embed_tokens(ids) * self.embed_scale
         rope, h = self.rotary(positions, x.dtype), None
         for layer in self.layers:
             x, h = layer(x, h, rope, fb)
@@ -134,6 +141,7 @@ class GemmaStackModule(nn.Module):
 
 class T5GemmaForConditionalGeneration(ModelFamily):
     config_class = T5GemmaConfig
+    tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
 
     def __init__(self, cfg: T5GemmaConfig) -> None:
         super().__init__()
@@ -141,7 +149,7 @@ class T5GemmaForConditionalGeneration(ModelFamily):
         self.encoder = GemmaStackModule(cfg.encoder, cfg.vocab_size, AttentionKind.ENCODER)
         self.decoder = GemmaStackModule(cfg.decoder, cfg.vocab_size, AttentionKind.SELF,
                                         encoder_width=cfg.encoder.hidden_size)
-        self.lm_head = Linear(cfg.decoder.hidden_size, cfg.vocab_size)
+        self.lm_head = lm_head(cfg.decoder.hidden_size, cfg.vocab_size)
 
     # --- the encoder stage -------------------------------------------------------------------
     def encode(self, fb: EncodeForwardBatch) -> torch.Tensor:
@@ -170,12 +178,15 @@ class T5GemmaForConditionalGeneration(ModelFamily):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        """RoPE's frequencies (not in the checkpoint); Gemma's norms multiply by 1 + their
-        stored weight: the weights become those factors, once, after load."""
+        """RoPE's frequencies (not in the checkpoint); the embedding scale, the square root of
+        the width rounded to the model's dtype as HF's is (a Python float: no tensor built per
+        forward); Gemma's norms multiply by 1 + their stored weight: the weights become those
+        factors, once, after load."""
         for stack in (self.encoder, self.decoder):
-            s = stack.stack
+            s, weight = stack.stack, stack.embed_tokens.weight
             stack.rotary.inv_freq = rope_inv_freq(s.head_dim, s.rope_theta, None).to(
-                stack.embed_tokens.weight.device)
+                weight.device)
+            stack.embed_scale = torch.tensor(s.hidden_size**0.5, dtype=weight.dtype).item()
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.weight.add_(1.0)

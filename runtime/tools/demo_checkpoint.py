@@ -147,19 +147,21 @@ DEMO_T5GEMMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
 
 def write_t5gemma_checkpoint(out: str | Path, *, seed: int = 0, dtype: str = "float32",
                              eos_factor: float = 1.0, tie_word_embeddings: bool = True,
-                             embed_scale: float = 0.15, encoder: dict | None = None,
-                             decoder: dict | None = None) -> Path:
+                             embed_scale: float = 0.15, vocab_size: int = 32128,
+                             encoder: dict | None = None, decoder: dict | None = None) -> Path:
     """Write a random T5Gemma checkpoint with the T5 tokenizer (EOS 1, pad 0; the decoder
     starts from BOS 2). `encoder` / `decoder` override DEMO_T5GEMMA's fields in that stack;
     `eos_factor` scales an untied head's EOS row so that outputs end at different lengths;
     `embed_scale` multiplies the embeddings (Gemma scales them up by the square root of the
-    width, and large ones under a tied head repeat the previous token)."""
+    width, and large ones under a tied head repeat the previous token); `vocab_size` the
+    embeddings' rows (an odd one pads the last tensor-parallel rank's)."""
     import torch
     from transformers import T5GemmaConfig, T5GemmaForConditionalGeneration
 
     out = Path(out)
-    stacks = [dict(DEMO_T5GEMMA, vocab_size=32128, **(over or {})) for over in (encoder, decoder)]
-    hf_config = T5GemmaConfig(encoder=stacks[0], decoder=stacks[1], vocab_size=32128,
+    stacks = [dict(DEMO_T5GEMMA, vocab_size=vocab_size, **(over or {}))
+              for over in (encoder, decoder)]
+    hf_config = T5GemmaConfig(encoder=stacks[0], decoder=stacks[1], vocab_size=vocab_size,
                               bos_token_id=2, eos_token_id=1, pad_token_id=0,
                               tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
