@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoConfig
 
 from seq2serve.encoders.image_processor import feature_grid
+from seq2serve.runtime.bench.hardware import decoder_step_bytes
 from seq2serve.runtime.bench.hf_baseline import hf_inputs
 from seq2serve.runtime.bench.shapes import SHAPES, write_shape
 from seq2serve.runtime.bench.workload import Workload, make_requests
@@ -24,6 +25,8 @@ def test_shape_reads_alike_in_hf_and_seq2serve(tmp_path, shape):
     assert ours.vocab_size == text.vocab_size
     eos = text.eos_token_id if text.eos_token_id is not None else hf.eos_token_id
     assert eos in (ours.eos_token_ids or (eos,))
+    # a decode step reads at least the head's rows
+    assert decoder_step_bytes(ours.arch) > 2 * text.vocab_size * text.get_text_config().hidden_size
     image_token = getattr(hf, "image_token_id", None) or getattr(hf, "image_token_index", None)
     if image_token is not None:  # HF embeds the placeholder: it must be in the vocabulary
         assert image_token == ours.arch.frontend_info()["image_token_id"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from seq2serve.models.family import DecoderStacks
+from seq2serve.models.florence2.config import Florence2Config
 from seq2serve.models.mllama.config import MllamaConfig
 from seq2serve.models.mt5.config import T5Config
+from seq2serve.models.t5gemma.config import T5GemmaConfig
 
 
 def copy_bandwidth(device: str = "cuda", gib: float = 1.0, repeats: int = 20) -> float:
@@ -33,6 +35,14 @@ def decoder_step_bytes(arch, dtype_bytes: int = 2) -> int:
     """Weights a decode step reads once: the decoder stack and the LM head (embedding rows
     and the encoder are not read per step). For T5, cross K/V projections run once per input,
     so only q and o of the cross layers count."""
+    if isinstance(arch, Florence2Config):  # its decoder is BART's
+        arch = arch.text
+    if isinstance(arch, T5GemmaConfig):
+        s, vocab = arch.decoder, arch.vocab_size
+        q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        per_layer = s.hidden_size * (2 * q + 2 * kv) + 2 * s.hidden_size * q \
+            + 3 * s.hidden_size * s.intermediate_size  # self q/k/v/o, cross q/o, gated MLP
+        return (s.num_layers * per_layer + vocab * s.hidden_size) * dtype_bytes
     if isinstance(arch, DecoderStacks):  # the BART family (BART, Marian, M2M100, mBART), Whisper
         d, ff = arch.d_model, arch.decoder_ffn_dim
         per_layer = 4 * d * d + 2 * d * d + 2 * d * ff
