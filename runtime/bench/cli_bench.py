@@ -111,6 +111,8 @@ def _engine(model_dir: str, load: dict, args, concurrency: int):
     from seq2serve import Seq2SeqEngine
 
     extra = json.loads(args.engine_args)
+    # the benchmark is the engine's caller: all its images go in one call
+    extra.setdefault("max_images_per_call", max(64, args.num_requests))
     return Seq2SeqEngine(model_path=model_dir, dtype=args.dtype, device=args.device,
                          max_running_requests=concurrency,
                          context_length=args.input_len + args.output_len + 8,
