@@ -82,8 +82,8 @@ def check_tensor_parallel(model_config, size: int) -> None:
     cls = registry.model_class(model_config.architecture)
     if not cls.tensor_parallel:
         raise ValueError(f"tp_size {size}: tensor parallelism is not built for "
-                         f"{model_config.architecture} (T5/mT5, Llama, Mllama, Whisper and "
-                         "T5Gemma have it)")
+                         f"{model_config.architecture} (T5/mT5, Llama, Mllama, Whisper, "
+                         "T5Gemma, the BART family and Florence-2 have it)")
     if fp8_checkpoint.check_config(model_config.model_path):
         raise ValueError(f"tp_size {size}: FP8 checkpoints are served on one rank only "
                          "(--quantization fp8 quantizes each rank's shard of a 16-bit one)")

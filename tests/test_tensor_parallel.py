@@ -1,7 +1,8 @@
 """Tensor parallelism on the CPU (gloo): `tp_size=2` gives the same greedy tokens as
 Hugging Face (and so as `tp_size=1`) in float32 for T5 (6 heads), Llama (GQA: 6 query heads,
-2 key/value heads), Mllama (with images) and T5Gemma (GQA, sliding windows, soft-caps; beams
-too), through `Seq2SeqEngine`; sizes that do not divide the heads are refused with a message
+2 key/value heads), Mllama (with images), T5Gemma (GQA, sliding windows, soft-caps; beams
+too), the BART family (Marian, BART; beams too) and Florence-2 (with images), through
+`Seq2SeqEngine`; sizes that do not divide the heads are refused with a message
 naming them; a rank that dies takes the server down."""
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import time
 import pytest
 
 from seq2serve import Seq2SeqEngine
+from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.tools.demo_checkpoint import (
     write_llama_checkpoint,
     write_mllama_checkpoint,
     write_t5gemma_checkpoint,
 )
+from seq2serve.tests.bart_checkpoints import CORPUS, write_bart_checkpoint
+from seq2serve.tests.bart_cnn_checkpoints import GENERATION, write_bart_cnn_checkpoint
 from seq2serve.tests.family_parity import check_generate
-from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
+from seq2serve.tests.helpers import SOURCES, hf_greedy, hf_model, make_t5
 from seq2serve.tests.server_helpers import ServerProcess
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -179,6 +183,107 @@ def test_t5gemma_tp2_with_a_tied_head_matches_hf(tmp_path):
         check_generate(engine, path, _token_ids(path, 3), 6, 1, [{}])
 
 
+# Marian: 6 encoder heads and 4 decoder heads (3 and 2 a rank), post-norm blocks, its own
+# decoder embedding and an untied head (all three split by vocabulary rows over an odd
+# vocabulary: one row past the tokenizer's), sinusoidal positions, final_logits_bias (pad
+# raised: the trap it sets)
+@pytest.fixture(scope="module")
+def marian_tp_dir(tmp_path_factory):
+    return str(write_bart_checkpoint("marian", tmp_path_factory.mktemp("marian_tp") / "m",
+                                     seed=1, encoder_attention_heads=6, encoder_ffn_dim=48,
+                                     vocab_size=83, decoder_vocab_size=83))
+
+
+def test_marian_tp2_matches_hf_and_tp1(marian_tp_dir):
+    """Greedy and 4 beams (tokens and scores) are HF's at tp_size 2; greedy is tp_size 1's."""
+    path = marian_tp_dir
+    tok = load_tokenizer(path)
+    assert ModelConfig.from_path(path).arch.vocab_size % 2  # the last rank's rows: padding
+    sources = [tok(s).input_ids for s in CORPUS[:3]]
+    with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
+        check_generate(engine, path, sources, 8, tok.eos_token_id, [{}, {"num_beams": 4}])
+        tp2 = engine.generate(input_ids=sources, sampling_params=GREEDY)
+        engine.check_integrity()
+    with Seq2SeqEngine(model_path=path, **POOLS) as engine:
+        tp1 = engine.generate(input_ids=sources, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in tp2] == [o["output_ids"] for o in tp1]
+
+
+def _hf_bart_cnn(path: str, ids: list[int], max_new: int, **gen) -> tuple[list[int], float]:
+    """HF's tokens after the decoder start and the forced BOS (generation_config.json's forced
+    BOS and EOS apply), cut after EOS; the beam score (or None)."""
+    import torch
+
+    with torch.no_grad():
+        out = hf_model(path).generate(torch.tensor([ids]), max_new_tokens=max_new + 1,
+                                      do_sample=False, output_scores=True,
+                                      return_dict_in_generate=True, **gen)
+    seq = out.sequences[0, 2:].tolist()
+    seq = seq[: seq.index(2) + 1] if 2 in seq else seq
+    return seq, (out.sequences_scores[0].item() if gen.get("num_beams", 1) > 1 else None)
+
+
+def test_bart_tp2_with_a_tied_head_and_logits_bias_matches_hf(tmp_path):
+    """bart-large-cnn's shape: 4 encoder and 2 decoder heads, the head tied to the shared
+    embedding (each rank's rows of both), a final_logits_bias that raises EOS (added to the
+    gathered logits), HF's forced BOS and EOS; greedy and 4 beams are HF's."""
+    from transformers import AutoTokenizer
+
+    path = str(write_bart_cnn_checkpoint("cnn", tmp_path / "cnn", seed=1))
+    tok = AutoTokenizer.from_pretrained(path)
+    sources = [tok(s).input_ids for s in SOURCES[:3]]
+    beams = {k: GENERATION[k] for k in ("num_beams", "length_penalty", "no_repeat_ngram_size",
+                                        "early_stopping")}
+    cases = [({"no_repeat_ngram_size": 3}, {"num_beams": 1, "no_repeat_ngram_size": 3}),
+             (beams, beams)]  # (ours, HF's: generation_config.json's 4 beams otherwise)
+    with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
+        for case, hf_case in cases:
+            got = engine.generate(input_ids=sources, sampling_params={
+                "max_new_tokens": 10, "temperature": 0, **case})
+            for ids, res in zip(sources, got):
+                tokens, score = _hf_bart_cnn(path, ids, 10, **hf_case)
+                assert res["output_ids"] == tokens, (case, ids)
+                if score is not None:
+                    assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)
+        engine.check_integrity()
+
+
+@pytest.mark.parametrize("shape", ["untied", "tied"])
+def test_florence2_tp2_matches_hf_with_images(tmp_path, monkeypatch, shape):
+    """The language model split as BART's (untied: 4 encoder and 2 decoder heads; tied: 2 and
+    2, the head each rank's rows of the shared embedding); the vision tower whole on each
+    rank."""
+    from seq2serve.tests import florence2_checkpoints
+    from seq2serve.tests.test_florence2 import IMAGES, MAX_NEW, TASKS, Oracle
+
+    tied = florence2_checkpoints.SHAPES["tied"]  # its 3 decoder heads: 2 instead
+    monkeypatch.setitem(florence2_checkpoints.SHAPES, "tied",
+                        dict(tied, text=dict(tied["text"], decoder_attention_heads=2)))
+    path = str(florence2_checkpoints.write_florence2_checkpoint(shape, tmp_path / "florence",
+                                                                eos_boost=2.5))
+    oracle = Oracle(path)
+    inputs = [oracle.inputs(t, im) for t, im in zip(TASKS, IMAGES)]
+    case = {"no_repeat_ngram_size": 3, "min_new_tokens": 2}
+    with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
+        got = engine.generate(input_ids=[i["input_ids"][0].tolist() for i in inputs],
+                              image_data=[[im] for im in IMAGES],
+                              sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0,
+                                               **case})
+        engine.check_integrity()
+    assert [g["output_ids"] for g in got] == [oracle.generate(i, **case)[0] for i in inputs]
+
+
+@pytest.mark.parametrize("tp_size, message", [
+    (4, "tp_size 4 does not divide the model's 6 attention heads"),  # the encoder's
+    (3, "tp_size 3 does not divide the model's 4 attention heads"),  # the decoder's
+])
+def test_a_tp_size_that_does_not_divide_bart_heads_is_refused(marian_tp_dir, tp_size, message):
+    from seq2serve.models.loader import check_tensor_parallel
+
+    with pytest.raises(ValueError, match=message):
+        check_tensor_parallel(ModelConfig.from_path(marian_tp_dir), tp_size)
+
+
 @pytest.fixture(scope="module")
 def mllama_tp():
     import tempfile
@@ -233,7 +338,6 @@ def test_a_tp_size_that_does_not_divide_t5gemmas_heads_is_refused(t5gemma_tp_dir
                                                                   message):
     """The check the engine makes before any rank starts (the engine's path: T5's above)."""
     from seq2serve.models.loader import check_tensor_parallel
-    from seq2serve.runtime.config.model_config import ModelConfig
 
     with pytest.raises(ValueError, match=message):
         check_tensor_parallel(ModelConfig.from_path(t5gemma_tp_dir), tp_size)

@@ -8,6 +8,12 @@ sublayer (mBART, M2M100, Pegasus) or after its residual add (BART, Marian), a no
 embeddings (BART, mBART) and at the end of each stack (mBART, M2M100, Pegasus), the position
 table, and a bias on the logits (BART, Marian, mBART, Pegasus). Batching, paging and caching
 are the runtime's, as for T5.
+
+Tensor parallelism splits it as T5: each rank holds its share of every stack's heads (q/k/v
+column-parallel, the output row-parallel, its bias added once after the sum) and feed-forward
+channels, and its vocabulary rows of the token embeddings and the head
+(models/vocab_parallel.py); the position tables and norms are whole on every rank, and the
+logits' bias is added to the gathered logits, so it is whole too.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from seq2serve.models.bart.config import BartConfig
 from seq2serve.models.bart.positions import PositionTable
 from seq2serve.models.bart.weights import hf_to_param, load_priority
 from seq2serve.models.family import ModelFamily
-from seq2serve.models.linear import ColumnParallelLinear, Linear, RowParallelLinear
+from seq2serve.models.linear import ColumnParallelLinear, RowParallelLinear
 from seq2serve.models.mlp import MLP
 from seq2serve.models.norm import LayerNorm
+from seq2serve.models.vocab_parallel import embedding, lm_head
 from seq2serve.runtime.attention.base import AttentionKind
 
 if TYPE_CHECKING:
@@ -124,15 +131,16 @@ class BartForConditionalGeneration(ModelFamily):
     MBartForConditionalGeneration and PegasusForConditionalGeneration, by `cfg.family`."""
 
     config_class = BartConfig
+    tensor_parallel = True  # its layers split over ranks (models/parallel_state.py)
 
     def __init__(self, cfg: BartConfig) -> None:
         super().__init__()
         self.cfg = cfg
         fam, d = cfg.family, cfg.d_model
         self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0
-        self.shared = _embedding(cfg.vocab_size, d)  # the encoder's, and shared the decoder's
+        self.shared = embedding(cfg.vocab_size, d)  # the encoder's, and shared the decoder's
         self.decoder_embed = (None if cfg.decoder_shares_embedding
-                              else _embedding(cfg.vocab_size, d))
+                              else embedding(cfg.vocab_size, d))
         self.encoder_positions = PositionTable(fam.positions, cfg.max_position_embeddings, d,
                                                cfg.pad_token_id)
         self.decoder_positions = PositionTable(fam.positions, cfg.max_position_embeddings, d,
@@ -145,7 +153,8 @@ class BartForConditionalGeneration(ModelFamily):
                                             for i in range(cfg.decoder_layers))
         self.encoder_norm = LayerNorm(d) if fam.final_norm else None
         self.decoder_norm = LayerNorm(d) if fam.final_norm else None
-        self.lm_head = Linear(d, cfg.vocab_size)
+        self.lm_head = lm_head(d, cfg.vocab_size)
+        # [1, vocab], whole on every rank: added to the gathered logits
         self.final_logits_bias = (nn.Parameter(torch.empty(1, cfg.vocab_size),
                                                requires_grad=False)
                                   if fam.logits_bias else None)
@@ -213,6 +222,7 @@ class BartForConditionalGeneration(ModelFamily):
 
 
 def _embedding(vocab: int, dim: int) -> nn.Embedding:
+    """A token embedding whole on every rank (Whisper's)."""
     e = nn.Embedding(vocab, dim)
     e.weight.requires_grad_(False)
     return e

@@ -6,6 +6,9 @@ An encoder input is one image and its prompt (`encoders.image_prompt.ImagePrompt
 its `batch` as an `ImagePromptBatch`): the encoder reads [image tokens, prompt tokens] as one
 sequence, exactly where HF's processor puts the image's placeholder tokens (first, before the
 prompt's BOS). The decoder, its cross-attention and the head are BART's.
+
+Tensor parallelism splits the language model as BART's (models/bart/model.py); the vision
+tower and the projector are whole on every rank, each of which runs them on the whole batch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ _HEAD = "language_model.lm_head.weight"
 
 class Florence2ForConditionalGeneration(ModelFamily):
     config_class = Florence2Config
+    tensor_parallel = True  # the language model's layers (BART's); the vision tower whole
 
     def __init__(self, cfg: Florence2Config) -> None:
         super().__init__()
@@ -76,7 +80,8 @@ class Florence2ForConditionalGeneration(ModelFamily):
 
     def tie_missing(self, missing: set[str]) -> set[str]:
         """The head shares the decoder's embedding where the checkpoint has none and
-        config.json's (top-level) tie_word_embeddings allows."""
+        config.json's (top-level) tie_word_embeddings allows (under tensor parallelism: this
+        rank's vocabulary rows of both)."""
         if _HEAD in missing and self.cfg.tie_head:
             lm = self.language_model
             embed = lm.shared if lm.decoder_embed is None else lm.decoder_embed
