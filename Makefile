@@ -37,10 +37,12 @@ generate: setup
 
 # `python -m pytest`, not bin/pytest: a reused virtualenv (CI links one in) keeps the script
 # shebangs of the checkout that installed it. Two workers (CI has two cores), each taking
-# whole files (a file's fixtures are made once); TEST_WORKERS=0 runs them in one process.
+# whole files (a file's fixtures are made once) in tests/conftest.py's order, the longest
+# first (xdist would otherwise order files by their number of tests, and a long file of few
+# tests, the compile gate, ran last); TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) build *.egg-info
