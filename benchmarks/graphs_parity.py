@@ -23,7 +23,7 @@ import tempfile
 
 from seq2serve import Seq2SeqEngine
 from seq2serve.runtime.bench.shapes import write_shape
-from seq2serve.runtime.bench.workload import Workload, make_requests
+from seq2serve.runtime.bench.workload import model_requests
 from seq2serve.runtime.config.model_config import ModelConfig
 
 
@@ -71,14 +71,8 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     model_dir = str(write_shape(args.shape, tempfile.mkdtemp(prefix=args.shape)))
-    mc = ModelConfig.from_path(model_dir)
-    info = mc.arch.frontend_info()
-    image_token = info.get("image_token_id")
-    size = 1120 if info.get("tokens_per_tile") else 768
-    wl = Workload(args.requests, args.input_len, args.output_len,
-                  image_size=size if image_token is not None else 0)
-    eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1
-    reqs = make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token, eos=eos)
+    reqs = model_requests(ModelConfig.from_path(model_dir), args.requests, args.input_len,
+                          args.output_len)
     graphs, graph_beams = outputs(model_dir, reqs, args, disable_cuda_graph=False)
     eager, eager_beams = outputs(model_dir, reqs, args, disable_cuda_graph=True)
     checks = [greedy_agrees(a, b, args.tie) for a, b in zip(graphs, eager)]

@@ -11,15 +11,15 @@ from seq2serve import Seq2SeqEngine
 from seq2serve.tests.helpers import hf_model
 
 
-def hf_generate(path: str, ids: list[int], max_new: int, eos: int,
+def hf_generate(path: str, ids: list[int], max_new: int, eos: int, skip: int = 1,
                 **gen) -> tuple[list[int], float | None]:
-    """HF's tokens after the decoder start, cut after the first EOS (a beam's sequence is
-    padded after it), and the beam score."""
+    """HF's tokens after the decoder start (and after a forced BOS: `skip` 2), cut after the
+    first EOS (a beam's sequence is padded after it), and the beam score."""
     with torch.no_grad():
         out = hf_model(path).generate(torch.tensor([ids]), max_new_tokens=max_new,
                                       do_sample=False, output_scores=True,
                                       return_dict_in_generate=True, **gen)
-    seq = out.sequences[0, 1:].tolist()
+    seq = out.sequences[0, skip:].tolist()
     if eos in seq:
         seq = seq[: seq.index(eos) + 1]
     return seq, (out.sequences_scores[0].item() if gen.get("num_beams", 1) > 1 else None)

@@ -24,7 +24,7 @@ def test_shape_reads_alike_in_hf_and_seq2serve(tmp_path, shape):
     text = hf.get_text_config(decoder=True)
     assert ours.vocab_size == text.vocab_size
     eos = text.eos_token_id if text.eos_token_id is not None else hf.eos_token_id
-    assert eos in (ours.eos_token_ids or (eos,))
+    assert eos in ours.eos_token_ids
     # a decode step reads at least the head's rows
     assert decoder_step_bytes(ours.arch) > 2 * text.vocab_size * text.get_text_config().hidden_size
     image_token = getattr(hf, "image_token_id", None) or getattr(hf, "image_token_index", None)

@@ -25,8 +25,8 @@ from seq2serve.runtime.tools.demo_checkpoint import (
 )
 from seq2serve.tests.bart_checkpoints import CORPUS, write_bart_checkpoint
 from seq2serve.tests.bart_cnn_checkpoints import GENERATION, write_bart_cnn_checkpoint
-from seq2serve.tests.family_parity import check_generate
-from seq2serve.tests.helpers import SOURCES, hf_greedy, hf_model, make_t5
+from seq2serve.tests.family_parity import check_generate, hf_generate
+from seq2serve.tests.helpers import SOURCES, hf_greedy, make_t5
 from seq2serve.tests.server_helpers import ServerProcess
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -166,9 +166,13 @@ def _token_ids(path: str, n: int) -> list[list[int]]:
 
 def test_t5gemma_tp2_matches_hf_and_tp1(t5gemma_tp_dir):
     """Greedy and 4 beams (tokens and scores) are HF's at tp_size 2; greedy is tp_size 1's."""
-    path, sources = t5gemma_tp_dir, _token_ids(t5gemma_tp_dir, 3)
+    _tp2_matches_hf_and_tp1(t5gemma_tp_dir, _token_ids(t5gemma_tp_dir, 3), 6, 1)
+
+
+def _tp2_matches_hf_and_tp1(path: str, sources: list[list[int]], max_new: int,
+                            eos: int) -> None:
     with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
-        check_generate(engine, path, sources, 6, 1, [{}, {"num_beams": 4}])
+        check_generate(engine, path, sources, max_new, eos, [{}, {"num_beams": 4}])
         tp2 = engine.generate(input_ids=sources, sampling_params=GREEDY)
         engine.check_integrity()
     with Seq2SeqEngine(model_path=path, **POOLS) as engine:
@@ -199,28 +203,8 @@ def test_marian_tp2_matches_hf_and_tp1(marian_tp_dir):
     path = marian_tp_dir
     tok = load_tokenizer(path)
     assert ModelConfig.from_path(path).arch.vocab_size % 2  # the last rank's rows: padding
-    sources = [tok(s).input_ids for s in CORPUS[:3]]
-    with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
-        check_generate(engine, path, sources, 8, tok.eos_token_id, [{}, {"num_beams": 4}])
-        tp2 = engine.generate(input_ids=sources, sampling_params=GREEDY)
-        engine.check_integrity()
-    with Seq2SeqEngine(model_path=path, **POOLS) as engine:
-        tp1 = engine.generate(input_ids=sources, sampling_params=GREEDY)
-    assert [o["output_ids"] for o in tp2] == [o["output_ids"] for o in tp1]
-
-
-def _hf_bart_cnn(path: str, ids: list[int], max_new: int, **gen) -> tuple[list[int], float]:
-    """HF's tokens after the decoder start and the forced BOS (generation_config.json's forced
-    BOS and EOS apply), cut after EOS; the beam score (or None)."""
-    import torch
-
-    with torch.no_grad():
-        out = hf_model(path).generate(torch.tensor([ids]), max_new_tokens=max_new + 1,
-                                      do_sample=False, output_scores=True,
-                                      return_dict_in_generate=True, **gen)
-    seq = out.sequences[0, 2:].tolist()
-    seq = seq[: seq.index(2) + 1] if 2 in seq else seq
-    return seq, (out.sequences_scores[0].item() if gen.get("num_beams", 1) > 1 else None)
+    _tp2_matches_hf_and_tp1(path, [tok(s).input_ids for s in CORPUS[:3]], 8,
+                            tok.eos_token_id)
 
 
 def test_bart_tp2_with_a_tied_head_and_logits_bias_matches_hf(tmp_path):
@@ -241,7 +225,8 @@ def test_bart_tp2_with_a_tied_head_and_logits_bias_matches_hf(tmp_path):
             got = engine.generate(input_ids=sources, sampling_params={
                 "max_new_tokens": 10, "temperature": 0, **case})
             for ids, res in zip(sources, got):
-                tokens, score = _hf_bart_cnn(path, ids, 10, **hf_case)
+                # after the start and forced BOS tokens (11 new: as test_bart_cnn.py's oracle)
+                tokens, score = hf_generate(path, ids, 11, 2, skip=2, **hf_case)
                 assert res["output_ids"] == tokens, (case, ids)
                 if score is not None:
                     assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)

@@ -9,7 +9,7 @@ import gc
 import json
 import tempfile
 
-from seq2serve.runtime.bench.workload import Workload, make_requests
+from seq2serve.runtime.bench.workload import model_requests
 
 
 def add_bench_parser(sub) -> None:
@@ -99,12 +99,7 @@ def _requests(model_dir: str, args, n: int):
     from seq2serve.runtime.config.model_config import ModelConfig
 
     mc = ModelConfig.from_path(model_dir)
-    image_token = mc.arch.frontend_info().get("image_token_id")
-    size = args.image_size or (1120 if mc.arch.frontend_info().get("tokens_per_tile") else 768)
-    wl = Workload(n, args.input_len, args.output_len,
-                  image_size=size if image_token is not None else 0)
-    eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1
-    return mc, make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token, eos=eos)
+    return mc, model_requests(mc, n, args.input_len, args.output_len, args.image_size)
 
 
 def _engine(model_dir: str, load: dict, args, concurrency: int):

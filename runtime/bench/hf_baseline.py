@@ -41,7 +41,7 @@ def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
 
 
 def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
-    if reqs[0].image is not None and _model_type(model_dir) == "florence2":
+    if reqs[0].image is not None and _config(model_dir)["model_type"] == "florence2":
         return _image_prompt_inputs(model_dir, reqs, device)
     ids = torch.tensor([r.input_ids for r in reqs], device=device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -61,10 +61,6 @@ def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
         inputs.update({k: v.to(device) for k, v in pix.items()},
                       cross_attention_mask=torch.tensor(mask, device=device))
     return inputs
-
-
-def _model_type(model_dir: str) -> str:
-    return _config(model_dir)["model_type"]
 
 
 def _config(model_dir: str) -> dict:

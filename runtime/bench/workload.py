@@ -49,6 +49,18 @@ def make_requests(wl: Workload, vocab_size: int, is_encoder_decoder: bool,
     return reqs
 
 
+def model_requests(mc, n: int, input_len: int, output_len: int,
+                   image_size: int | None = None) -> list[BenchRequest]:
+    """`n` requests for the model of ModelConfig `mc`: with a random image where it reads one
+    (default size: Mllama's 1120, four tiles; else 768, Florence-2's processor size)."""
+    info = mc.arch.frontend_info()
+    image_token = info.get("image_token_id")
+    size = image_size or (1120 if info.get("tokens_per_tile") else 768)
+    wl = Workload(n, input_len, output_len, image_size=size if image_token is not None else 0)
+    eos = mc.eos_token_ids[0] if mc.eos_token_ids else 1
+    return make_requests(wl, mc.vocab_size, mc.is_encoder_decoder, image_token, eos=eos)
+
+
 def random_image(seed: int, size: int):
     from PIL import Image
 
