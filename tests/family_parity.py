@@ -30,15 +30,16 @@ def cpu_engine(path: str, **args) -> Seq2SeqEngine:
 
 
 def check_generate(engine: Seq2SeqEngine, path: str, sources: list[list[int]], max_new: int,
-                   eos: int, cases: list[dict]) -> set[int]:
+                   eos: int, cases: list[dict], skip: int = 1) -> set[int]:
     """Every case (sampling parameters HF's generate takes too) gives HF's tokens for every
-    source, and beams HF's scores; returns the outputs' lengths."""
+    source, and beams HF's scores; returns the outputs' lengths. `skip` as hf_generate's: 2
+    where the checkpoint forces a BOS (one of HF's new tokens, not of ours)."""
     lengths = set()
     for case in cases:
         got = engine.generate(input_ids=sources, sampling_params={
             "max_new_tokens": max_new, "temperature": 0, **case})
         for ids, res in zip(sources, got):
-            tokens, score = hf_generate(path, ids, max_new, eos, **case)
+            tokens, score = hf_generate(path, ids, max_new + skip - 1, eos, skip, **case)
             assert res["output_ids"] == tokens, (case, ids)
             if score is not None:
                 assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)

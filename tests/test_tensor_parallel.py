@@ -1,9 +1,9 @@
 """Tensor parallelism on the CPU (gloo): `tp_size=2` gives the same greedy tokens as
 Hugging Face (and so as `tp_size=1`) in float32 for T5 (6 heads), Llama (GQA: 6 query heads,
 2 key/value heads), Mllama (with images), T5Gemma (GQA, sliding windows, soft-caps; beams
-too), the BART family (Marian, BART; beams too) and Florence-2 (with images), through
-`Seq2SeqEngine`; sizes that do not divide the heads are refused with a message
-naming them; a rank that dies takes the server down."""
+too), the BART family (Marian, BART, M2M100 as NLLB, mBART, Pegasus; beams too) and
+Florence-2 (with images), through `Seq2SeqEngine`; sizes that do not divide the heads are
+refused with a message naming them; a rank that dies takes the server down."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.tools.demo_checkpoint import (
     write_llama_checkpoint,
     write_mllama_checkpoint,
+    write_pegasus_checkpoint,
     write_t5gemma_checkpoint,
 )
 from seq2serve.tests.bart_checkpoints import CORPUS, write_bart_checkpoint
@@ -169,10 +170,13 @@ def test_t5gemma_tp2_matches_hf_and_tp1(t5gemma_tp_dir):
     _tp2_matches_hf_and_tp1(t5gemma_tp_dir, _token_ids(t5gemma_tp_dir, 3), 6, 1)
 
 
-def _tp2_matches_hf_and_tp1(path: str, sources: list[list[int]], max_new: int,
-                            eos: int) -> None:
+def _tp2_matches_hf_and_tp1(path: str, sources: list[list[int]], max_new: int, eos: int,
+                            settings: dict | None = None, skip: int = 1) -> None:
+    """`settings` join both cases; `skip` 2 where the checkpoint forces a BOS."""
+    settings = settings or {}
     with Seq2SeqEngine(model_path=path, tp_size=2, **POOLS) as engine:
-        check_generate(engine, path, sources, max_new, eos, [{}, {"num_beams": 4}])
+        check_generate(engine, path, sources, max_new, eos,
+                       [settings, dict(settings, num_beams=4)], skip)
         tp2 = engine.generate(input_ids=sources, sampling_params=GREEDY)
         engine.check_integrity()
     with Seq2SeqEngine(model_path=path, **POOLS) as engine:
@@ -231,6 +235,44 @@ def test_bart_tp2_with_a_tied_head_and_logits_bias_matches_hf(tmp_path):
                 if score is not None:
                     assert res["meta_info"]["beam_score"] == pytest.approx(score, abs=1e-4)
         engine.check_integrity()
+
+
+def test_nllb_tp2_with_a_tied_head_matches_hf_and_tp1(tmp_path):
+    """M2M100 as NLLB ships it: 4 encoder and 2 decoder heads (2 and 1 a rank), the head tied
+    to the shared embedding (each rank's rows, over an odd vocabulary: one row past the
+    tokenizer's 68), unscaled embeddings, relu, M2M100's offset sinusoidal positions; the
+    tied head repeats tokens without the n-gram ban."""
+    path = str(write_bart_checkpoint("nllb", tmp_path / "nllb", seed=5, vocab_size=69,
+                                     decoder_attention_heads=2))
+    tok = load_tokenizer(path)
+    assert ModelConfig.from_path(path).arch.vocab_size % 2
+    _tp2_matches_hf_and_tp1(path, [tok(s).input_ids for s in CORPUS[:3]], 8,
+                            tok.eos_token_id, {"no_repeat_ngram_size": 3})
+
+
+def test_mbart_tp2_with_a_forced_bos_matches_hf_and_tp1(tmp_path):
+    """mBART-50: 4 encoder and 2 decoder heads, pre-norm blocks with a last norm in each
+    stack, learned positions, scaled embeddings, tanh-approximated gelu, an untied head and
+    final_logits_bias (added to the gathered logits), generation_config.json's forced BOS
+    (German) after the start token."""
+    path = str(write_bart_checkpoint("mbart", tmp_path / "mbart", seed=3,
+                                     activation_function="gelu_new"))
+    tok = load_tokenizer(path)
+    _tp2_matches_hf_and_tp1(path, [tok(s).input_ids for s in CORPUS[:3]], 8,
+                            tok.eos_token_id, skip=2)
+
+
+def test_pegasus_tp2_with_a_tied_head_matches_hf_and_tp1(tmp_path):
+    """pegasus-large's shape (tests/test_pegasus.py's: 4 encoder and 2 decoder heads, scaled
+    embeddings, relu, the head tied to the shared embedding, its n-gram ban) over an odd
+    vocabulary, with sinusoidal positions, final_logits_bias and the forced EOS at the length
+    limit."""
+    from seq2serve.tests.test_pegasus import SHAPES
+
+    config, settings = SHAPES["large"]
+    path = str(write_pegasus_checkpoint(tmp_path / "pegasus", seed=1, vocab_size=32101,
+                                        **config))
+    _tp2_matches_hf_and_tp1(path, _token_ids(path, 3), 8, 1, settings)
 
 
 @pytest.mark.parametrize("shape", ["untied", "tied"])
