@@ -10,10 +10,13 @@ with each other and with other callers' requests, and their text tokens are merg
 pipeline merges them.
 
 With timestamps (`timed`) the answer has segments: for one window as HF's
-`generate(return_timestamps=True)` gives them for one window decoded once
-(`force_unique_generate_call=True`: `timestamp_segments.py`); for long audio every window is
-decoded with timestamps and the windows are merged with them as HF's pipeline merges them
-with `return_timestamps=True` (`timed_merge.py`: its text and its `chunks`).
+`generate(return_timestamps=True)` gives them, by default decoding the window again from its
+last complete segment while a decode ends mid-segment (`redecoding`, `whisper_seek.py`: HF's
+sequential loop, requests with `audio_seek`), or decoded once
+(`force_unique_generate_call=True`: the segments cut as HF's tokenizer cuts them,
+`timestamp_segments.py`); for long audio every window is decoded once with timestamps and
+the windows are merged with them as HF's pipeline merges them with `return_timestamps=True`
+and `force_unique_generate_call=True` (`timed_merge.py`: its text and its `chunks`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_
 from seq2serve.runtime.frontend.timed_merge import TimedWindow, merge_timed
 from seq2serve.runtime.frontend.timestamp_segments import segments, text_ids
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
+from seq2serve.runtime.frontend.whisper_seek import WindowSeek
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,25 @@ class TranscriptionJob:
         [result] = results
         begin = whisper.no_timestamps_token_id + 1
         ids = result["output_ids"]
+        seeked = result.pop("seek_segments", None)
+        if seeked is None:  # decoded once: the tokenizer's segments
+            segs = [asdict(s) for s in segments(ids, begin, tokenizer.decode)]
+        else:  # HF's generate's segments
+            segs = [{"start": s.start, "end": s.end,
+                     "text": tokenizer.decode(text_ids(s.tokens, begin)),
+                     "tokens": s.tokens, "seek": s.seek} for s in seeked]
         return {**result, "text": tokenizer.decode(text_ids(ids, begin),
                                                    skip_special_tokens=True),
-                "duration": self.duration,
-                "segments": [asdict(s) for s in segments(ids, begin, tokenizer.decode)]}
+                "duration": self.duration, "segments": segs}
+
+    def redecoding(self, results: list[dict[str, Any]], whisper: WhisperPrompt,
+                   eos: int) -> Redecoding | None:
+        """HF's re-decoding of a short clip's window (decoded with timestamps: `results`) from
+        its last complete segment, until a decode ends the window; None for long audio, whose
+        windows are each decoded once."""
+        if self.is_long:
+            return None
+        return Redecoding(self, results, whisper.no_timestamps_token_id + 1, eos)
 
 
     def long_timed(self, results: list[dict[str, Any]], tokenizer,
@@ -150,3 +169,48 @@ class TranscriptionJob:
         return {**answer, "text": text, "output_ids": [t for c in chunks for t in c.tokens],
                 "duration": self.duration, "segments": segs,
                 "pipeline_times": [(c.start, c.end) for c in chunks]}
+
+
+class Redecoding:
+    """A short clip decoded as HF's `generate(return_timestamps=True)` decodes it: the first
+    decode's results in, then `requests` (the window again from `seek`, the same prompt and
+    sampling) and `add` (their results) until `requests` is empty; `results` is the window's
+    result with HF's `sequences` as `output_ids`, the decodes' token counts summed, and the
+    segments (`seek_segments`, `timed` reads them)."""
+
+    def __init__(self, job: TranscriptionJob, results: list[dict[str, Any]], begin: int,
+                 eos: int) -> None:
+        self.job = job
+        self.seeks = [WindowSeek(begin, eos) for _ in job.windows]
+        self.metas: list[list[dict[str, Any]]] = [[] for _ in job.windows]
+        self.pending = list(range(len(job.windows)))  # the windows of the last requests
+        self.add(results)
+
+    def requests(self, decoder_ids: list[int], sampling_params: dict[str, Any],
+                 max_rows: int, user: str | None = None) -> list[GenerateReqInput]:
+        """The windows not yet done, each from its `seek`: a batch ([] when all are done)."""
+        self.pending = [i for i, w in enumerate(self.seeks) if not w.done]
+        if not self.pending:
+            return []
+        obj = GenerateReqInput(audio_data=[self.job.windows[i] for i in self.pending],
+                               audio_seek=[self.seeks[i].seek for i in self.pending],
+                               decoder_input_ids=list(decoder_ids),
+                               sampling_params=dict(sampling_params), user=user)
+        return split_rows(obj, max_rows)
+
+    def add(self, results: list[dict[str, Any]]) -> None:
+        if len(results) != len(self.pending):
+            raise RuntimeError(f"{len(results)} results for {len(self.pending)} windows")
+        for i, r in zip(self.pending, results):
+            self.seeks[i].add(r["output_ids"])
+            self.metas[i].append(r["meta_info"])
+
+    def results(self) -> list[dict[str, Any]]:
+        out = []
+        for seek, metas in zip(self.seeks, self.metas):
+            meta = {**metas[-1], "decodes": len(metas)}
+            for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                meta[k] = sum(m.get(k) or 0 for m in metas)
+            out.append({"output_ids": seek.sequence, "meta_info": meta,
+                        "seek_segments": seek.segments})
+        return out

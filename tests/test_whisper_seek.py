@@ -1,0 +1,108 @@
+"""HF's re-decoding of a Whisper window from its last complete segment
+(`runtime/frontend/whisper_seek.py`), against HF in float32 on the tiny random checkpoints
+with timestamp tokens (tests/whisper_checkpoints.py): `Seq2SeqEngine.transcribe(...,
+return_timestamps=True)` gives HF's default `generate(return_timestamps=True)` (no
+`force_unique_generate_call`: its sequential loop, which decodes the window again from
+`seek` on zero-padded log-mel frames) token for token, its `sequences` and its `segments`,
+greedy and with beams; `force_unique_generate_call=True` keeps one decode. The segment rules
+are checked against HF's `_retrieve_segment` itself on hand-made decodes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seq2serve.runtime.frontend.engine import Seq2SeqEngine
+from seq2serve.runtime.frontend.whisper_seek import retrieve_segments
+from seq2serve.tests.whisper_checkpoints import clip, hf_models, tiny_checkpoints
+
+pytest.importorskip("soundfile")
+pytest.importorskip("soxr")
+
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return tiny_checkpoints(tmp_path_factory.mktemp("whisper-seek"), timestamps=True)
+
+
+@pytest.fixture(scope="module")
+def hf(ckpt):
+    return hf_models(ckpt)
+
+
+def hf_default(hf, kind: str, samples, language: str | None, **kwargs) -> dict:
+    """HF's default `generate(return_timestamps=True)` for one window: its `sequences` and
+    `segments` (start, end, tokens), how many generate calls it made, and the one call's
+    tokens (`force_unique_generate_call=True`, up to the end of text)."""
+    model, extractor = hf[kind]
+    features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    lang = {} if language is None else {"language": language, "task": "transcribe"}
+    with torch.no_grad():
+        out = model.generate(features, max_new_tokens=MAX_NEW, return_timestamps=True,
+                             return_segments=True, **lang, **kwargs)
+        once = model.generate(features, max_new_tokens=MAX_NEW, return_timestamps=True,
+                              force_unique_generate_call=True, **lang, **kwargs)[0].tolist()
+    segs = out["segments"][0]
+    eos = model.generation_config.eos_token_id
+    prompt = 1 if language is None else 3
+    once = once[prompt:]
+    return {"sequence": out["sequences"][0].tolist(),
+            "segments": [(float(s["start"]), float(s["end"]), s["tokens"].tolist())
+                         for s in segs],
+            "decodes": len({id(s["result"]) for s in segs}),
+            "once": once[:once.index(eos) + 1] if eos in once else once}
+
+
+@pytest.mark.parametrize("kind, language, seeds, beams", [
+    ("multilingual", "de", (0,), 1), ("english", None, (0, 2), 1),
+    ("multilingual", "de", (3,), 4)])
+def test_transcribe_redecodes_as_hfs_default(ckpt, hf, kind, language, seeds, beams):
+    with Seq2SeqEngine(model_path=ckpt[kind], device="cpu", dtype="float32") as engine:
+        for seed in seeds:
+            want = hf_default(hf, kind, clip(seed), language, num_beams=beams)
+            assert want["decodes"] >= 2 and want["sequence"] != want["once"], \
+                "HF should decode the window again"
+            got = engine.transcribe(clip(seed), language=language, return_timestamps=True,
+                                    sampling_params={"max_new_tokens": MAX_NEW,
+                                                     "num_beams": beams})
+            assert got["output_ids"] == want["sequence"]
+            assert got["meta_info"]["decodes"] == want["decodes"]
+            segs = got["segments"]
+            assert [s["tokens"] for s in segs] == [t for *_, t in want["segments"]]
+            assert [x for s in segs for x in (s["start"], s["end"])] == pytest.approx(
+                [x for a, b, _ in want["segments"] for x in (a, b)], abs=1e-9)
+            once = engine.transcribe(clip(seed), language=language, return_timestamps=True,
+                                     force_unique_generate_call=True,
+                                     sampling_params={"max_new_tokens": MAX_NEW,
+                                                      "num_beams": beams})
+            assert once["output_ids"] == want["once"] and "decodes" not in once["meta_info"]
+
+
+def test_segments_are_hfs_retrieve_segment():
+    """`retrieve_segments` against HF's `_retrieve_segment` (ids 10..: timestamps): pairs
+    with text after the last one, a pair at the end, a single last timestamp, no pair (a
+    last timestamp, `<|0.00|>` only, none), nothing; from seek 0 and from a later seek."""
+    from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
+
+    b = 10
+    cases = ([b, 1, 2, b + 40, b + 40, 3, b + 90, b + 95, 4, 5],
+             [b + 2, 1, b + 40, b + 41, 2, b + 90, b + 90],
+             [b, 1, b + 40, b + 40, 2, b + 90],
+             [b + 3, 1, 2, b + 7], [b, 1, 2], [1, 2], [])
+    for seek in (0, 1333):
+        for ids in cases:
+            seq = torch.tensor(ids, dtype=torch.long)
+            want, offset = WhisperGenerationMixin._retrieve_segment(
+                seek_sequence=seq, seek_outputs=[None], time_offset=torch.tensor(
+                    [seek], dtype=torch.float64) * 0.02 / 2,
+                timestamp_begin=b, seek_num_frames=torch.tensor([3000 - seek]),
+                time_precision=0.02, time_precision_features=0.01, input_stride=2,
+                prev_idx=0, idx=0, return_token_timestamps=False,
+                decoder_input_ids=torch.zeros(1, 3))
+            got, moved = retrieve_segments(ids, b, seek)
+            assert moved == int(offset), (seek, ids)
+            assert [s.tokens for s in got] == [w["tokens"].tolist() for w in want]
+            assert [x for s in got for x in (s.start, s.end)] == pytest.approx(
+                [float(w[k]) for w in want for k in ("start", "end")], abs=1e-9)
