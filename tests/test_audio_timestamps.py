@@ -219,11 +219,11 @@ def test_the_engine(ckpt):
 def hf_pipeline_chunks(path: str, samples, language: str | None = None,
                        **generate_kwargs) -> dict:
     """HF's ASR pipeline with timestamps on long audio: 30 s windows with 5 s strides, each
-    decoded with `return_timestamps=True` in one generate call (`force_unique_generate_call`,
-    as the server decodes a window: without it HF's generate decodes a window again from its
-    last whole segment, on zero-padded log-mel frames) with as many new tokens as the
-    decoder's positions leave (the server's default), greedy unless `num_beams` is given,
-    merged by `_decode_asr`: {"text", "chunks"}."""
+    decoded by generate with `return_timestamps=True` (by default again from its last whole
+    segment, on zero-padded log-mel frames; `force_unique_generate_call=True` in
+    `generate_kwargs`: once) with as many new tokens as the decoder's positions leave (the
+    server's default), greedy unless `num_beams` is given, merged by `_decode_asr`:
+    {"text", "chunks"}."""
     from transformers import (
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
@@ -241,7 +241,7 @@ def hf_pipeline_chunks(path: str, samples, language: str | None = None,
     kwargs = {} if language is None else {"language": language, "task": "transcribe"}
     return pipe(samples.copy(), return_timestamps=True, generate_kwargs={
         "max_new_tokens": model.config.max_target_positions - prompt_len,
-        "force_unique_generate_call": True, "num_beams": 1,  # the pipeline's default is 5
+        "num_beams": 1,  # the pipeline's default is 5
         **kwargs, **generate_kwargs})
 
 
@@ -259,20 +259,33 @@ def pipeline_segments(out: dict, duration: float) -> list[tuple[float, float, st
 
 @pytest.mark.parametrize("kind, language", [("multilingual", "de"), ("english", None)])
 def test_the_engine_on_long_audio_is_hfs_pipeline(ckpt, kind, language):
-    """95 s (five windows): every window decoded with timestamps and merged as HF's pipeline
-    with chunk_length_s=30, stride_length_s=5, return_timestamps=True merges them: its text,
-    and its chunks' times (None included, as `pipeline_times`) and texts as the segments."""
+    """95 s (five windows): every window decoded with timestamps (again from its last
+    complete segment, as HF's pipeline's generate decodes it by default; once with
+    `force_unique_generate_call`) and merged as HF's pipeline with chunk_length_s=30,
+    stride_length_s=5, return_timestamps=True merges them: its text, and its chunks' times
+    (None included, as `pipeline_times`) and texts as the segments."""
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     path, samples = ckpt[kind], long_clip()
     expected = hf_pipeline_chunks(path, samples, language)
     with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
         got = engine.transcribe(samples, language=language, return_timestamps=True)
-    assert len(expected["chunks"]) >= 3, expected
-    assert got["text"] == expected["text"] and got["meta_info"]["windows"] == 5
-    assert got["pipeline_times"] == [tuple(c["timestamp"]) for c in expected["chunks"]]
-    assert_close([(g["start"], g["end"], g["text"]) for g in got["segments"]],
-                 pipeline_segments(expected, got["duration"]))
+        checks = [(got, expected)]
+        if kind == "multilingual":  # one model is enough for the one-decode path
+            single = hf_pipeline_chunks(path, samples, language,
+                                        force_unique_generate_call=True)
+            assert expected != single, "HF's pipeline should decode windows again"
+            once = engine.transcribe(samples, language=language, return_timestamps=True,
+                                     force_unique_generate_call=True)
+            assert "decodes" not in once["meta_info"]
+            checks.append((once, single))
+    assert got["meta_info"]["decodes"] > 5
+    for out, want in checks:
+        assert len(want["chunks"]) >= 3, want
+        assert out["text"] == want["text"] and out["meta_info"]["windows"] == 5
+        assert out["pipeline_times"] == [tuple(c["timestamp"]) for c in want["chunks"]]
+        assert_close([(g["start"], g["end"], g["text"]) for g in out["segments"]],
+                     pipeline_segments(want, out["duration"]))
 
 
 def test_the_command_line(ckpt, server, tmp_path):
@@ -295,8 +308,8 @@ def test_the_command_line(ckpt, server, tmp_path):
 
 def test_long_audio_through_the_endpoint(ckpt, server):
     """95 s of OGG (five windows) as verbose_json and srt through the `openai` client: HF's
-    pipeline's text and chunks (one generate call a window) as the segments and cues; a
-    stream of srt stays a 400 naming stream."""
+    pipeline's text and chunks (each window decoded again from its last complete segment,
+    HF's default) as the segments and cues; a stream of srt stays a 400 naming stream."""
     from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 
     path = ckpt["multilingual"]

@@ -106,3 +106,25 @@ def test_segments_are_hfs_retrieve_segment():
             assert [s.tokens for s in got] == [w["tokens"].tolist() for w in want]
             assert [x for s in got for x in (s.start, s.end)] == pytest.approx(
                 [float(w[k]) for w in want for k in ("start", "end")], abs=1e-9)
+
+
+def test_the_encoders_frames_are_hfs_input_segment():
+    """The model's seeked features (`WindowBatch.seeks`) are HF's `_get_input_segment`: the
+    frames from `seek` on, zero-padded back to 3,000; a seek out of range is refused."""
+    from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
+
+    from seq2serve.models.whisper.model import _seeked
+    from seq2serve.runtime.frontend.generate_request import GenerateReqInput
+
+    feats = torch.randn(3, 8, 3000)
+    seeks = (0, 7, 2999)
+    seek = torch.tensor(seeks)
+    want = WhisperGenerationMixin._get_input_segment(
+        feats, seek, (3000 - seek).clamp(max=3000), 3000, 3, [0, 1, 2])
+    assert torch.equal(_seeked(feats, seeks), want)
+    assert _seeked(feats, ()) is feats
+    for bad in (3000, -1, True):
+        with pytest.raises(ValueError, match="audio_seek"):
+            GenerateReqInput(audio_data=clip(0), audio_seek=bad).normalize()
+    with pytest.raises(ValueError, match="audio_seek"):
+        GenerateReqInput(input_ids=[1, 2], audio_seek=5).normalize()

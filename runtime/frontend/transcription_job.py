@@ -14,9 +14,10 @@ With timestamps (`timed`) the answer has segments: for one window as HF's
 last complete segment while a decode ends mid-segment (`redecoding`, `whisper_seek.py`: HF's
 sequential loop, requests with `audio_seek`), or decoded once
 (`force_unique_generate_call=True`: the segments cut as HF's tokenizer cuts them,
-`timestamp_segments.py`); for long audio every window is decoded once with timestamps and
-the windows are merged with them as HF's pipeline merges them with `return_timestamps=True`
-and `force_unique_generate_call=True` (`timed_merge.py`: its text and its `chunks`).
+`timestamp_segments.py`); for long audio every window is decoded with timestamps so (HF's
+pipeline calls that generate for each window) and the windows are merged with them as HF's
+pipeline merges them with `return_timestamps=True` (`timed_merge.py`: its text and its
+`chunks`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class TranscriptionJob:
                 "finish_reason": next((r for r in reasons if r and r.get("type") == "length"),
                                       reasons[-1]),
                 "windows": len(self.windows)}
+        if any("decodes" in m for m in metas):
+            meta["decodes"] = sum(m.get("decodes", 1) for m in metas)
         return {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
 
     def timed(self, results: list[dict[str, Any]], tokenizer,
@@ -135,12 +138,10 @@ class TranscriptionJob:
                 "duration": self.duration, "segments": segs}
 
     def redecoding(self, results: list[dict[str, Any]], whisper: WhisperPrompt,
-                   eos: int) -> Redecoding | None:
-        """HF's re-decoding of a short clip's window (decoded with timestamps: `results`) from
-        its last complete segment, until a decode ends the window; None for long audio, whose
-        windows are each decoded once."""
-        if self.is_long:
-            return None
+                   eos: int) -> Redecoding:
+        """HF's re-decoding of each window (decoded with timestamps: `results`) from its last
+        complete segment, until a decode ends the window (HF's pipeline calls generate so
+        for each of long audio's windows)."""
         return Redecoding(self, results, whisper.no_timestamps_token_id + 1, eos)
 
 
@@ -160,6 +161,8 @@ class TranscriptionJob:
                  for r, w in zip(results, self.spans, strict=True)]
         text, chunks = merge_timed(timed, begin, set(tokenizer.all_special_ids),
                                    tokenizer.decode)
+        for r in results:
+            r.pop("seek_segments", None)  # the merge has the pipeline's segments
         segs, previous_end = [], 0.0
         for c in chunks:
             start = previous_end if c.start is None else c.start
@@ -172,11 +175,12 @@ class TranscriptionJob:
 
 
 class Redecoding:
-    """A short clip decoded as HF's `generate(return_timestamps=True)` decodes it: the first
-    decode's results in, then `requests` (the window again from `seek`, the same prompt and
-    sampling) and `add` (their results) until `requests` is empty; `results` is the window's
-    result with HF's `sequences` as `output_ids`, the decodes' token counts summed, and the
-    segments (`seek_segments`, `timed` reads them)."""
+    """The windows decoded as HF's `generate(return_timestamps=True)` decodes a window: the
+    first decodes' results in, then `requests` (the windows not done, again from their
+    `seek`, the same prompt and sampling: one batch) and `add` (their results) until
+    `requests` is empty; `results` has each window's result with HF's `sequences` as
+    `output_ids` (what `long_timed` merges), the decodes' token counts summed, and the
+    segments (`seek_segments`, which `timed` reads for a short clip)."""
 
     def __init__(self, job: TranscriptionJob, results: list[dict[str, Any]], begin: int,
                  eos: int) -> None:
