@@ -32,13 +32,22 @@ def hf(ckpt):
     return hf_models(ckpt)
 
 
-def hf_default(hf, kind: str, samples, language: str | None, **kwargs) -> dict:
+def hf_default(hf, kind: str, samples, language: str | None, prompt: str | None = None,
+               **kwargs) -> dict:
     """HF's default `generate(return_timestamps=True)` for one window: its `sequences` and
     `segments` (start, end, tokens), how many generate calls it made, and the one call's
-    tokens (`force_unique_generate_call=True`, up to the end of text)."""
+    tokens (`force_unique_generate_call=True`, up to the end of text). `prompt`: the text
+    before (HF's `prompt_ids`, before every decode's forced tokens)."""
+    from transformers import WhisperTokenizer
+
     model, extractor = hf[kind]
     features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
     lang = {} if language is None else {"language": language, "task": "transcribe"}
+    skip = 1 if language is None else 3
+    if prompt is not None:
+        ids = WhisperTokenizer.from_pretrained(model.name_or_path).get_prompt_ids(prompt)
+        lang["prompt_ids"] = torch.tensor(ids)
+        skip += len(ids)
     with torch.no_grad():
         out = model.generate(features, max_new_tokens=MAX_NEW, return_timestamps=True,
                              return_segments=True, **lang, **kwargs)
@@ -46,8 +55,7 @@ def hf_default(hf, kind: str, samples, language: str | None, **kwargs) -> dict:
                               force_unique_generate_call=True, **lang, **kwargs)[0].tolist()
     segs = out["segments"][0]
     eos = model.generation_config.eos_token_id
-    prompt = 1 if language is None else 3
-    once = once[prompt:]
+    once = once[skip:]
     return {"sequence": out["sequences"][0].tolist(),
             "segments": [(float(s["start"]), float(s["end"]), s["tokens"].tolist())
                          for s in segs],
@@ -55,16 +63,18 @@ def hf_default(hf, kind: str, samples, language: str | None, **kwargs) -> dict:
             "once": once[:once.index(eos) + 1] if eos in once else once}
 
 
-@pytest.mark.parametrize("kind, language, seeds, beams", [
-    ("multilingual", "de", (0,), 1), ("english", None, (0, 2), 1),
-    ("multilingual", "de", (3,), 4)])
-def test_transcribe_redecodes_as_hfs_default(ckpt, hf, kind, language, seeds, beams):
+@pytest.mark.parametrize("kind, language, seeds, beams, prompt", [
+    ("multilingual", "de", (0,), 1, None), ("english", None, (0, 2), 1, None),
+    ("multilingual", "de", (3,), 4, None), ("multilingual", "de", (1,), 1, "the sea")])
+def test_transcribe_redecodes_as_hfs_default(ckpt, hf, kind, language, seeds, beams, prompt):
+    """Greedy, with beams, with previous text (HF's `prompt_ids`: before every decode)."""
     with Seq2SeqEngine(model_path=ckpt[kind], device="cpu", dtype="float32") as engine:
         for seed in seeds:
-            want = hf_default(hf, kind, clip(seed), language, num_beams=beams)
+            want = hf_default(hf, kind, clip(seed), language, prompt, num_beams=beams)
             assert want["decodes"] >= 2 and want["sequence"] != want["once"], \
                 "HF should decode the window again"
             got = engine.transcribe(clip(seed), language=language, return_timestamps=True,
+                                    prompt=prompt,
                                     sampling_params={"max_new_tokens": MAX_NEW,
                                                      "num_beams": beams})
             assert got["output_ids"] == want["sequence"]
@@ -74,7 +84,7 @@ def test_transcribe_redecodes_as_hfs_default(ckpt, hf, kind, language, seeds, be
             assert [x for s in segs for x in (s["start"], s["end"])] == pytest.approx(
                 [x for a, b, _ in want["segments"] for x in (a, b)], abs=1e-9)
             once = engine.transcribe(clip(seed), language=language, return_timestamps=True,
-                                     force_unique_generate_call=True,
+                                     force_unique_generate_call=True, prompt=prompt,
                                      sampling_params={"max_new_tokens": MAX_NEW,
                                                       "num_beams": beams})
             assert once["output_ids"] == want["once"] and "decodes" not in once["meta_info"]
