@@ -166,11 +166,11 @@ class Seq2SeqEngine:
         (`timestamp_segments.Segment`: start, end in seconds, text, tokens; "text" without
         the timestamps); longer audio's windows are each decoded so and merged as HF's
         pipeline merges them with `return_timestamps=True` (its text and its chunks as the
-        segments: `TranscriptionJob.long_timed`). A clip of at most 30 s is decoded as HF's
-        default does it: again from its last complete segment while a decode ends
-        mid-segment (`whisper_seek.py`; "output_ids" HF's `sequences`, the decodes' tokens
-        end to end; `meta_info["decodes"]`); `force_unique_generate_call` (HF's name)
-        decodes it once."""
+        segments: `TranscriptionJob.long_timed`). With timestamps each window is decoded as HF's
+        default generate decodes it: again from its last complete segment while a decode
+        ends mid-segment (`whisper_seek.py`; a short clip's "output_ids" are HF's
+        `sequences`, the decodes' tokens end to end; `meta_info["decodes"]` counts them);
+        `force_unique_generate_call` (HF's name) decodes each window once."""
         from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
