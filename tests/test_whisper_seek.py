@@ -138,3 +138,21 @@ def test_the_encoders_frames_are_hfs_input_segment():
             GenerateReqInput(audio_data=clip(0), audio_seek=bad).normalize()
     with pytest.raises(ValueError, match="audio_seek"):
         GenerateReqInput(input_ids=[1, 2], audio_seek=5).normalize()
+
+
+def test_a_window_ends_where_hf_would_seek_by_nothing():
+    """A decode whose last pair is at `<|0.00|>` would send HF's loop back to the same frames
+    forever; the window ends there instead. The end of text is left off, a single last
+    timestamp ends the window."""
+    from seq2serve.runtime.frontend.whisper_seek import WindowSeek
+
+    b, eos = 10, 3
+    w = WindowSeek(b, eos)
+    w.add([b, 1, b, b, 2])
+    assert w.done and w.sequence == [b, 1, b, b] and w.decodes == 1
+    w = WindowSeek(b, eos)
+    w.add([b, 1, b + 5, b + 5, 2, eos])  # text after the last pair: again from 0.10 s
+    assert not w.done and w.seek == 10
+    w.add([b, 1, b + 4, eos])  # a single last timestamp: done
+    assert w.done and w.sequence == [b, 1, b + 5, b + 5, b, 1, b + 4]
+    assert [(s.start, s.end, s.seek) for s in w.segments] == [(0.0, 0.1, 0), (0.1, 0.18, 10)]
