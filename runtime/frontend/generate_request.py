@@ -81,7 +81,8 @@ class GenerateReqInput:
                 raise ValueError("input_ids is an empty list")
             for i, s in enumerate(seqs):
                 if not s:
-                    raise ValueError(f"input_ids[{i}] is empty" if is_batch else "input_ids is empty")
+                    raise ValueError(f"input_ids[{i}] is empty" if is_batch
+                                     else "input_ids is empty")
             items = [{"input_ids": list(s)} for s in seqs]
         n = len(items)
         for key, value in (("decoder_input_ids", self.decoder_input_ids),
