@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 WINDOW_FRAMES = 3000  # log-mel frames of a 30 s window (N_SAMPLES / HOP_LENGTH)
 FRAMES_PER_STAMP = 2  # the encoder's stride: a timestamp step (20 ms) is two frames
 TIME_PRECISION = 0.02  # seconds per timestamp step
@@ -84,7 +86,9 @@ def retrieve_segments(ids: Sequence[int], begin: int,
     single_ending = stamp[-2:] == [False, True]
     cuts = [i + 1 for i in range(len(ids) - 1) if stamp[i] and stamp[i + 1]]
     if not cuts:
-        last = int(frames * FRAME_SECONDS / TIME_PRECISION)
+        # the window's end, in steps: HF computes it in float32 (and truncates), which for
+        # some frame counts is one step less than exact arithmetic gives
+        last = int(np.float32(frames) * np.float32(FRAME_SECONDS) / np.float32(TIME_PRECISION))
         stamps = [t for t in ids if t >= begin]
         if stamps and stamps[-1] != begin:
             last = stamps[-1] - begin
