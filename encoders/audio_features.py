@@ -42,7 +42,8 @@ class AudioFeatures:
 
     samples: torch.Tensor | None = field(repr=False)  # [n <= 480,000] float32, 16 kHz
     num_tokens: int
-    key: str  # content hash of model and samples
+    key: str  # content hash of model and samples (and seek)
+    seek: int = 0  # the first log-mel frame the encoder reads (`WindowBatch.seeks`)
 
     @property
     def has_data(self) -> bool:
@@ -54,7 +55,8 @@ class AudioFeatures:
         out = torch.zeros(len(payloads), N_SAMPLES)
         for row, p in zip(out, payloads):
             row[:p.samples.numel()] = p.samples
-        return WindowBatch(out)
+        seeks = tuple(p.seek for p in payloads)
+        return WindowBatch(out, seeks if any(seeks) else ())
 
 
 class AudioProcessor:
@@ -71,15 +73,20 @@ class AudioProcessor:
         self.audio_tokens = audio_tokens
         self.policy = policy or MediaPolicy()
 
-    def __call__(self, src: object) -> AudioFeatures:
+    def __call__(self, src: object, seek: int = 0) -> AudioFeatures:
+        """`seek`: the encoder reads the window's log-mel frames from there on, zero-padded
+        (Whisper's re-decoding from a segment's end: `runtime/frontend/whisper_seek.py`)."""
         samples = read_audio(src, self.limits, self.policy)
-        return AudioFeatures(torch.from_numpy(samples), self.audio_tokens, self.key(samples))
+        return AudioFeatures(torch.from_numpy(samples), self.audio_tokens,
+                             self.key(samples, seek), seek)
 
-    def key(self, samples: np.ndarray) -> str:
+    def key(self, samples: np.ndarray, seek: int = 0) -> str:
         h = hashlib.blake2b(digest_size=16)
         h.update(self.model_id.encode())
         h.update(b"\0audio\0")
         h.update(samples.tobytes())
+        if seek:  # other frames, another encoder output
+            h.update(f"\0seek {seek}".encode())
         return h.hexdigest()
 
 

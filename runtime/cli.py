@@ -123,7 +123,8 @@ def _cmd_transcribe(ns: argparse.Namespace) -> int:
                                         sampling_params=sampling,
                                         chunk_length_s=ns.chunk_length_s,
                                         stride_length_s=ns.stride_length_s,
-                                        return_timestamps=timed)
+                                        return_timestamps=timed,
+                                        force_unique_generate_call=ns.force_unique_generate_call)
             if fmt in TIMESTAMP_FORMATS:
                 whisper = engine.tokenizer_manager.whisper_prompt
                 body, _ = formatted(out, fmt, task=ns.task,
@@ -229,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--timestamps", action="store_true",
                    help="decode with Whisper's timestamps: a line per segment (long "
                         "audio: the windows merged as HF's pipeline merges them)")
+    t.add_argument("--force-unique-generate-call", action="store_true",
+                   help="with timestamps: decode each window once (HF's option of that name; "
+                        "by default a window ending mid-segment is decoded again from its "
+                        "last complete segment, as HF's generate does)")
     t.add_argument("--format", default="text",
                    choices=["text", "json", "srt", "vtt", "verbose_json"],
                    help="the output, as /v1/audio/transcriptions' response_format (srt, vtt, "

@@ -1,9 +1,10 @@
 """Whisper timestamps through OpenAI's /v1/audio/* with the unmodified `openai` client, the
 engine and the command line, on tiny random checkpoints with timestamp tokens
 (tests/whisper_checkpoints.py) in float32: `verbose_json` segments, `srt` and `vtt` cues are
-HF's for one window (the tokens of `generate(return_timestamps=True)` in one call, cut into
-segments by HF's tokenizer, `decode(..., output_offsets=True)`); bad values are 400s naming
-the field."""
+HF's for one window (its default `generate(return_timestamps=True)`: the window decoded again
+from its last complete segment, its `sequences` and `segments`; with
+`force_unique_generate_call` the tokens of one call, cut into segments by HF's tokenizer,
+`decode(..., output_offsets=True)`); bad values are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -68,6 +69,37 @@ def hf_offsets(path: str, samples, **kwargs) -> dict:
             "tokens": seq[prompt_len:]}
 
 
+def hf_default(path: str, samples, **kwargs) -> dict:
+    """HF's default `generate(return_timestamps=True)` for one window (no
+    `force_unique_generate_call`: decoded again from its last complete segment while a decode
+    ends mid-segment), as many new tokens a decode as the decoder's positions leave: its text,
+    `sequences` and `segments` (as `hf_offsets`' offsets: times and text), and how many
+    generate calls it made."""
+    from transformers import (
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizer,
+    )
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+    features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    prompt_len = 3 if "language" in kwargs else 1
+    with torch.no_grad():
+        out = model.generate(features, return_timestamps=True, return_segments=True,
+                             max_new_tokens=model.config.max_target_positions - prompt_len,
+                             **kwargs)
+    tok = WhisperTokenizer.from_pretrained(path)
+    begin = model.generation_config.no_timestamps_token_id + 1
+    segs = out["segments"][0]
+    seq = out["sequences"][0].tolist()
+    return {"text": tok.decode(seq, skip_special_tokens=True), "tokens": seq,
+            "offsets": [{"timestamp": (float(s["start"]), float(s["end"])),
+                         "text": tok.decode([t for t in s["tokens"].tolist() if t < begin])}
+                        for s in segs],
+            "decodes": len({id(s["result"]) for s in segs})}
+
+
 def assert_segments(segments, expected: dict) -> None:
     assert_close([(s["start"], s["end"], s["text"]) for s in segments], cues_of(expected, False))
 
@@ -98,8 +130,12 @@ def cues(subtitles: str) -> list[tuple[float, float, str]]:
 
 
 def test_verbose_json_srt_and_vtt_are_hfs_segments(ckpt, server):
+    """HF's default: the window decoded again from its last complete segment (a segment's
+    `seek` is the frame its decode began at); `force_unique_generate_call=true`: one decode,
+    cut as HF's tokenizer cuts it."""
     path, samples = ckpt["multilingual"], clip(0)
-    expected = hf_offsets(path, samples, language="de", task="transcribe")
+    expected = hf_default(path, samples, language="de", task="transcribe")
+    assert expected["decodes"] >= 2, "HF should decode the window again"
     wav = encoded(samples, 16_000, "WAV")
     api = client(server).audio.transcriptions
     verbose = api.create(model=path, file=("a.wav", wav), language="de",
@@ -109,9 +145,15 @@ def test_verbose_json_srt_and_vtt_are_hfs_segments(ckpt, server):
     assert body["task"] == "transcribe" and body["duration"] == pytest.approx(20.0)
     assert_segments(body["segments"], expected)
     assert len(body["segments"]) >= 3
-    tokens = [t for s in body["segments"] for t in s["tokens"]]
-    assert all(t in expected["tokens"] for t in tokens)
+    assert [t for s in body["segments"] for t in s["tokens"]] == expected["tokens"]
+    assert body["segments"][0]["seek"] == 0 and body["segments"][-1]["seek"] > 0
     assert [s["id"] for s in body["segments"]] == list(range(len(body["segments"])))
+    once = api.create(model=path, file=("a.wav", wav), language="de",
+                      response_format="verbose_json",
+                      extra_body={"force_unique_generate_call": "true"}).model_dump()
+    single = hf_offsets(path, samples, language="de", task="transcribe")
+    assert once["text"] == single["text"] and once["text"] != body["text"]
+    assert_segments(once["segments"], single)
     srt = api.create(model=path, file=("a.wav", wav), language="de", response_format="srt")
     assert srt.startswith("1\n")
     assert_close(cues(srt), cues_of(expected), abs_s=6e-4)
@@ -128,7 +170,7 @@ def test_translations_and_a_detected_language(ckpt, server):
         model=path, file=("a.wav", wav), response_format="verbose_json",
         extra_body={"language": "fr"}).model_dump()
     assert out["task"] == "translate" and out["language"] == "fr"
-    assert_segments(out["segments"], hf_offsets(path, samples, language="fr",
+    assert_segments(out["segments"], hf_default(path, samples, language="fr",
                                                 task="translate"))
     detected = client(server).audio.transcriptions.create(
         model=path, file=("a.wav", wav), response_format="verbose_json").model_dump()
@@ -156,25 +198,32 @@ def test_bad_values_are_named(server, fields, param, named):
 
 def test_the_engine(ckpt):
     """`Seq2SeqEngine.transcribe(return_timestamps=True)` on the English-only model: HF's
-    tokens, text and segments."""
+    default generate's tokens, text and segments; with `force_unique_generate_call`, its one
+    call's."""
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     path, samples = ckpt["english"], clip(3)
-    expected = hf_offsets(path, samples)
+    expected, single = hf_default(path, samples), hf_offsets(path, samples)
+    assert expected["decodes"] >= 2, "HF should decode the window again"
     with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
         got = engine.transcribe(encoded(samples, 16_000, "WAV"), return_timestamps=True)
+        once = engine.transcribe(samples, return_timestamps=True,
+                                 force_unique_generate_call=True)
     assert got["text"] == expected["text"] and got["output_ids"] == expected["tokens"]
     assert_segments(got["segments"], expected)
+    assert got["meta_info"]["decodes"] == expected["decodes"]
+    assert once["text"] == single["text"] and once["output_ids"] == single["tokens"]
+    assert_segments(once["segments"], single)
 
 
 def hf_pipeline_chunks(path: str, samples, language: str | None = None,
                        **generate_kwargs) -> dict:
     """HF's ASR pipeline with timestamps on long audio: 30 s windows with 5 s strides, each
-    decoded with `return_timestamps=True` in one generate call (`force_unique_generate_call`,
-    as the server decodes a window: without it HF's generate decodes a window again from its
-    last whole segment, on zero-padded log-mel frames) with as many new tokens as the
-    decoder's positions leave (the server's default), greedy unless `num_beams` is given,
-    merged by `_decode_asr`: {"text", "chunks"}."""
+    decoded by generate with `return_timestamps=True` (by default again from its last whole
+    segment, on zero-padded log-mel frames; `force_unique_generate_call=True` in
+    `generate_kwargs`: once) with as many new tokens as the decoder's positions leave (the
+    server's default), greedy unless `num_beams` is given, merged by `_decode_asr`:
+    {"text", "chunks"}."""
     from transformers import (
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
@@ -192,7 +241,7 @@ def hf_pipeline_chunks(path: str, samples, language: str | None = None,
     kwargs = {} if language is None else {"language": language, "task": "transcribe"}
     return pipe(samples.copy(), return_timestamps=True, generate_kwargs={
         "max_new_tokens": model.config.max_target_positions - prompt_len,
-        "force_unique_generate_call": True, "num_beams": 1,  # the pipeline's default is 5
+        "num_beams": 1,  # the pipeline's default is 5
         **kwargs, **generate_kwargs})
 
 
@@ -210,20 +259,33 @@ def pipeline_segments(out: dict, duration: float) -> list[tuple[float, float, st
 
 @pytest.mark.parametrize("kind, language", [("multilingual", "de"), ("english", None)])
 def test_the_engine_on_long_audio_is_hfs_pipeline(ckpt, kind, language):
-    """95 s (five windows): every window decoded with timestamps and merged as HF's pipeline
-    with chunk_length_s=30, stride_length_s=5, return_timestamps=True merges them: its text,
-    and its chunks' times (None included, as `pipeline_times`) and texts as the segments."""
+    """95 s (five windows): every window decoded with timestamps (again from its last
+    complete segment, as HF's pipeline's generate decodes it by default; once with
+    `force_unique_generate_call`) and merged as HF's pipeline with chunk_length_s=30,
+    stride_length_s=5, return_timestamps=True merges them: its text, and its chunks' times
+    (None included, as `pipeline_times`) and texts as the segments."""
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     path, samples = ckpt[kind], long_clip()
     expected = hf_pipeline_chunks(path, samples, language)
     with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32") as engine:
         got = engine.transcribe(samples, language=language, return_timestamps=True)
-    assert len(expected["chunks"]) >= 3, expected
-    assert got["text"] == expected["text"] and got["meta_info"]["windows"] == 5
-    assert got["pipeline_times"] == [tuple(c["timestamp"]) for c in expected["chunks"]]
-    assert_close([(g["start"], g["end"], g["text"]) for g in got["segments"]],
-                 pipeline_segments(expected, got["duration"]))
+        checks = [(got, expected)]
+        if kind == "multilingual":  # one model is enough for the one-decode path
+            single = hf_pipeline_chunks(path, samples, language,
+                                        force_unique_generate_call=True)
+            assert expected != single, "HF's pipeline should decode windows again"
+            once = engine.transcribe(samples, language=language, return_timestamps=True,
+                                     force_unique_generate_call=True)
+            assert "decodes" not in once["meta_info"]
+            checks.append((once, single))
+    assert got["meta_info"]["decodes"] > 5
+    for out, want in checks:
+        assert len(want["chunks"]) >= 3, want
+        assert out["text"] == want["text"] and out["meta_info"]["windows"] == 5
+        assert out["pipeline_times"] == [tuple(c["timestamp"]) for c in want["chunks"]]
+        assert_close([(g["start"], g["end"], g["text"]) for g in out["segments"]],
+                     pipeline_segments(want, out["duration"]))
 
 
 def test_the_command_line(ckpt, server, tmp_path):
@@ -246,8 +308,8 @@ def test_the_command_line(ckpt, server, tmp_path):
 
 def test_long_audio_through_the_endpoint(ckpt, server):
     """95 s of OGG (five windows) as verbose_json and srt through the `openai` client: HF's
-    pipeline's text and chunks (one generate call a window) as the segments and cues; a
-    stream of srt stays a 400 naming stream."""
+    pipeline's text and chunks (each window decoded again from its last complete segment,
+    HF's default) as the segments and cues; a stream of srt stays a 400 naming stream."""
     from seq2serve.encoders.audio_loader import AudioLimits, read_audio
 
     path = ckpt["multilingual"]

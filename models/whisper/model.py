@@ -36,9 +36,13 @@ class WindowBatch:
     from the requests' `encoders/audio_features.AudioFeatures`)."""
 
     samples: torch.Tensor  # [windows, 480,000] float32: 30 s at 16 kHz, zero-padded
+    # each window's first log-mel frame (HF's `seek`: a re-decode from a segment's end); the
+    # frames before it are dropped and 0.0 frames appended (HF's `_get_input_segment`); ()
+    # when every window reads from frame 0
+    seeks: tuple[int, ...] = ()
 
     def to(self, device: str) -> WindowBatch:
-        return WindowBatch(self.samples.to(device, non_blocking=True))
+        return WindowBatch(self.samples.to(device, non_blocking=True), self.seeks)
 
 
 class WhisperForConditionalGeneration(ModelFamily):
@@ -74,7 +78,8 @@ class WhisperForConditionalGeneration(ModelFamily):
         """The encoder over a batch of windows (`fb.model_input`: a `WindowBatch` of samples);
         the log-mel features computed here, on the model's device, in float32 (HF's
         extractor's); returns hidden states [windows * 1500, d_model]."""
-        feats = self.log_mel(fb.model_input.samples.float()).to(self.conv1.weight.dtype)
+        feats = _seeked(self.log_mel(fb.model_input.samples.float()), fb.model_input.seeks)
+        feats = feats.to(self.conv1.weight.dtype)
         x = F.gelu(self.conv1(feats))
         x = F.gelu(self.conv2(x)).transpose(1, 2)  # [windows, 1500, d_model]
         x = (x + self.encoder_positions).reshape(-1, self.cfg.d_model)
@@ -127,3 +132,11 @@ class WhisperForConditionalGeneration(ModelFamily):
         for name, shard in self.absent_shards():
             sizes = self.get_submodule(name.removesuffix(".bias")).shard_sizes  # this rank's
             self.get_parameter(name).narrow(0, sum(sizes[:shard]), sizes[shard]).zero_()
+
+
+def _seeked(feats: torch.Tensor, seeks: tuple[int, ...]) -> torch.Tensor:
+    """Each window's features from its seek on, zero-padded back to their frames."""
+    if not any(seeks):
+        return feats
+    return torch.stack([F.pad(f[:, s:], (0, s)) if s else f
+                        for f, s in zip(feats, seeks, strict=True)])

@@ -7,15 +7,18 @@ answer names it), `response_format` (json, text, or with timestamps verbose_json
 `transcription_formats.py`), `timestamp_granularities[]` (segment; word is refused, not
 built), `temperature` (0 by default: greedy),
 `stream` (OpenAI's `transcript.text.delta` and `transcript.text.done` events), and the
-extensions `num_beams` / `beam_size` (beam search) and `max_tokens` (default: what the
-decoder's positions leave after the prompt). `/translations` is Whisper's translate task (to
-English). `prompt` is text before the audio's, as HF's `prompt_ids` (`<|startofprev|>` and its
-tokens before the forced ones). OpenAI fields this server does not implement yet (`include[]`,
-`chunking_strategy`, word timestamps) are refused naming the field; other fields are ignored,
-as OpenAI-compatible servers do. Timestamps are decoded with Whisper's timestamp rules (HF's
-`generate(return_timestamps=True)` for one window) for audio of one 30 s window; longer
-audio's windows are each decoded with them and merged as HF's pipeline merges them with
-`return_timestamps=True` (`timed_merge.py`); a stream of them is a 400.
+extensions `num_beams` / `beam_size` (beam search), `max_tokens` (default: what the
+decoder's positions leave after the prompt) and `force_unique_generate_call` (below).
+`/translations` is Whisper's translate task (to English). `prompt` is text before the
+audio's, as HF's `prompt_ids` (`<|startofprev|>` and its tokens before the forced ones).
+OpenAI fields this server does not implement yet (`include[]`, `chunking_strategy`, word
+timestamps) are refused naming the field; other fields are ignored, as OpenAI-compatible
+servers do. Timestamps are decoded with Whisper's timestamp rules as HF's
+`generate(return_timestamps=True)` decodes a window: by default again from its last complete
+segment while a decode ends mid-segment (HF's default, `whisper_seek.py`), once with the
+extension `force_unique_generate_call=true`; longer audio's windows are each decoded so and
+merged as HF's pipeline merges them with `return_timestamps=True` (`timed_merge.py`); a
+stream of them is a 400.
 
 Audio longer than 30 s (up to `--max-audio-seconds`) is cut into HF's pipeline's 30 s windows
 with 5 s strides (the extension fields `chunk_length_s`, at most 30, and `stride_length_s`
@@ -98,6 +101,7 @@ class AudioServing:
                                param="response_format")
         _check_granularities(form, fmt)
         stream = _flag(form, "stream")
+        once = _flag(form, "force_unique_generate_call")  # HF's: no re-decoding
         timestamps = fmt in TIMESTAMP_FORMATS
         if stream and timestamps:
             raise RequestError(f"stream is not supported with response_format {fmt!r} "
@@ -174,6 +178,13 @@ class AudioServing:
         if stream and not job.is_long:
             return await self._stream(objs[0])
         results = await _collect_all(self.serving, objs, request)
+        again = (job.redecoding(results, whisper, self.tm.tokenizer.eos_token_id)
+                 if timestamps and not once else None)
+        if again is not None:  # HF's default: the window again from its last whole segment
+            while objs := again.requests(decoder_ids, sp, self.tm.limits.max_batch_inputs,
+                                         user):
+                again.add(await _collect_all(self.serving, objs, request))
+            results = again.results()
         result = (job.timed(results, self.tm.tokenizer, whisper) if timestamps
                   else job.answer(results, self.tm.tokenizer, whisper))
         if stream:  # long audio: the merged text, once every window is done

@@ -146,7 +146,8 @@ class Seq2SeqEngine:
                    sampling_params: dict | None = None, prompt: str | None = None,
                    chunk_length_s: float = 30.0,
                    stride_length_s: float | None = None,
-                   return_timestamps: bool = False) -> dict[str, Any]:
+                   return_timestamps: bool = False,
+                   force_unique_generate_call: bool = False) -> dict[str, Any]:
         """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
         16 kHz samples; up to `max_audio_seconds`), as `/v1/audio/transcriptions` answers it:
         {"text", "output_ids", "meta_info"}. Audio longer than 30 s is cut into HF's
@@ -165,7 +166,11 @@ class Seq2SeqEngine:
         (`timestamp_segments.Segment`: start, end in seconds, text, tokens; "text" without
         the timestamps); longer audio's windows are each decoded so and merged as HF's
         pipeline merges them with `return_timestamps=True` (its text and its chunks as the
-        segments: `TranscriptionJob.long_timed`)."""
+        segments: `TranscriptionJob.long_timed`). With timestamps each window is decoded as HF's
+        default generate decodes it: again from its last complete segment while a decode
+        ends mid-segment (`whisper_seek.py`; a short clip's "output_ids" are HF's
+        `sequences`, the decodes' tokens end to end; `meta_info["decodes"]` counts them);
+        `force_unique_generate_call` (HF's name) decodes each window once."""
         from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -193,6 +198,12 @@ class Seq2SeqEngine:
             sp["timestamps"] = True
         objs = job.requests(forced, sp, self.args.max_batch_inputs)
         results = self._call(_collect_all(tm, objs))
+        again = (job.redecoding(results, whisper, tm.tokenizer.eos_token_id)
+                 if return_timestamps and not force_unique_generate_call else None)
+        if again is not None:
+            while objs := again.requests(forced, sp, self.args.max_batch_inputs):
+                again.add(self._call(_collect_all(tm, objs)))
+            results = again.results()
         out = (job.timed(results, tm.tokenizer, whisper) if return_timestamps
                else job.answer(results, tm.tokenizer, whisper))
         if scores is not None:

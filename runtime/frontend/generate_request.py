@@ -31,6 +31,10 @@ class GenerateReqInput:
     # one audio (file bytes, a path, or 16 kHz samples as a 1-D float array), or a list of
     # them for a batch
     audio_data: Any = None
+    # each audio's first log-mel frame (internal: Whisper's re-decoding of a window from its
+    # last complete segment, HF's `seek`; frontend/whisper_seek.py): the encoder reads the
+    # window's frames from there on, zero-padded; one for every audio, or one per audio
+    audio_seek: int | list[int] = 0
     user: str | None = None  # the caller's user id: caches are per user under isolation
     # decoder_input_ids' tokens after the start token that stand for a forced first generated
     # token (a translation's target language; TokenizedRequest.decoder_forced); one for every
@@ -77,13 +81,15 @@ class GenerateReqInput:
                 raise ValueError("input_ids is an empty list")
             for i, s in enumerate(seqs):
                 if not s:
-                    raise ValueError(f"input_ids[{i}] is empty" if is_batch else "input_ids is empty")
+                    raise ValueError(f"input_ids[{i}] is empty" if is_batch
+                                     else "input_ids is empty")
             items = [{"input_ids": list(s)} for s in seqs]
         n = len(items)
         for key, value in (("decoder_input_ids", self.decoder_input_ids),
                            ("sampling_params", self.sampling_params), ("rid", self.rid),
                            ("image_data", self.image_data),
-                           ("decoder_forced", self.decoder_forced)):
+                           ("decoder_forced", self.decoder_forced),
+                           ("audio_seek", self.audio_seek)):
             per = _per_prompt(key, value, n, is_batch)
             for item, v in zip(items, per):
                 item[key] = v
@@ -99,6 +105,11 @@ class GenerateReqInput:
                 raise ValueError("rid must be a string")
             if not _is_int(item["decoder_forced"]) or item["decoder_forced"] < 0:
                 raise ValueError("decoder_forced must be an integer >= 0 (or a list of them)")
+            seek = item["audio_seek"]
+            if not _is_int(seek) or not 0 <= seek < 3000 or (seek and
+                                                               item["audio_data"] is None):
+                raise ValueError("audio_seek must be a log-mel frame in [0, 3000) of an "
+                                 "audio_data input (or a list of them)")
         if self.decoder_variants is not None and (
                 is_batch or not self.decoder_variants or not all(
                     isinstance(v, list) and v and all(_is_int(t) for t in v)
@@ -134,7 +145,8 @@ def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
         return [obj]
     n = len(prompts)
     fields = {k: _per_prompt(k, getattr(obj, k), n, True) for k in
-              ("decoder_input_ids", "sampling_params", "rid", "image_data", "decoder_forced")
+              ("decoder_input_ids", "sampling_params", "rid", "image_data", "decoder_forced",
+               "audio_seek")
               if getattr(obj, k) is not None}
     rows = [rows_per_prompt(sp) for sp in fields.get("sampling_params", [None] * n)]
     if sum(rows) <= max_rows:

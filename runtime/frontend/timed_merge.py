@@ -14,10 +14,12 @@ skipped, each skipping the timestamp after it too (they come in pairs); in a win
 left stride, timestamps inside that stride are skipped while text is pending from the
 windows before. A segment still open at the end (no closing timestamp) ends at None (HF's).
 
-Left out of HF's state machine, for a documented reason: its long-form bookkeeping (a
-timestamp smaller than the one before starts a new 30 s segment), which one window decoded
-in one call under the timestamp rules never meets (they keep the timestamps non-decreasing),
-and its word timestamps and language changes (not served).
+A window decoded more than once (HF's default: again from its last complete segment,
+`whisper_seek.py`) is its decodes' tokens end to end, each decode's timestamps counting from
+its own seek; HF's long-form bookkeeping reads them: a timestamp smaller than the one before
+starts a later decode, whose times are moved on by the segment end before it (after a pair),
+or by a whole 30 s (after a single timestamp). Left out of HF's state machine: its word
+timestamps and language changes (not served).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 
 from seq2serve.runtime.frontend.audio_chunks import merge_tokens
 from seq2serve.runtime.frontend.timestamp_segments import TIME_PRECISION
+
+SEGMENT_STEPS = 1500  # a window's timestamp steps (HF's `segment_size`)
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,20 @@ def merge_timed(windows: Sequence[TimedWindow], begin: int, special_ids: Collect
         last = _last_kept(ids, begin, precision, w.length - w.stride_right) \
             if w.stride_right else None
         current: list[int] = []
-        for token in ids:
+        latest = previous = moved = 0.0  # HF's cur_max_timestamp, penultimate, prev_segments_len
+        for i, token in enumerate(ids):
             if token < begin:
                 current.append(token)
                 continue
-            time = round((token - begin) * precision + offset, 2)
+            stamp = float((token - begin) * precision)
+            if stamp < latest:  # a later decode of the window: on from its seek
+                if i >= 2 and not (ids[i - 1] >= begin and ids[i - 2] >= begin):
+                    moved += precision * SEGMENT_STEPS
+                else:
+                    latest = previous
+                    moved += previous
+            previous, latest = latest, stamp
+            time = round((token - begin) * precision + offset + moved, 2)
             if last is not None and token >= last:
                 state.skip = True  # in the right stride: the next window says it
             elif state.skip or (state.pending and token < first):

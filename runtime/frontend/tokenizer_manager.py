@@ -256,7 +256,7 @@ class TokenizerManager:
                     raise ValueError(f"the audio is {seconds:.2f} s long: an audio_data input "
                                      f"is one 30 s window (transcribe and /v1/audio/* cut "
                                      f"longer audio into windows)")
-                out.append([self.audio_processor(samples)])
+                out.append([self.audio_processor(samples, item.get("audio_seek", 0))])
             except ValueError as e:
                 raise ValueError(f"audio {i}: {e}" if len(items) > 1 else str(e)) from None
         return out

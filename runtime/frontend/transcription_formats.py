@@ -3,7 +3,8 @@
 `verbose_json`, `srt` and `vtt`.
 
 `verbose_json` is OpenAI's shape: task, language, duration, text, segments and (as `json`)
-usage. Each segment has id, seek (0), start, end, text, tokens (one window's: with the
+usage. Each segment has id, seek (the log-mel frame its decode began at: 0 unless the
+window was decoded again from a segment's end), start, end, text, tokens (one window's: with the
 timestamps at its ends; long audio's: its merged text tokens), temperature and
 compression_ratio (OpenAI's: the text's UTF-8 bytes over their zlib-compressed bytes);
 `avg_logprob` and `no_speech_prob` are left out (not computed: beam search returns no
@@ -50,8 +51,8 @@ def formatted(result: dict[str, Any], fmt: str, *, task: str, language: str | No
 
 
 def _segment(i: int, s: dict[str, Any], temperature: float) -> dict[str, Any]:
-    return {"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"],
-            "tokens": s["tokens"], "temperature": temperature,
+    return {"id": i, "seek": s.get("seek", 0), "start": s["start"], "end": s["end"],
+            "text": s["text"], "tokens": s["tokens"], "temperature": temperature,
             "compression_ratio": compression_ratio(s["text"])}
 
 

@@ -10,10 +10,14 @@ with each other and with other callers' requests, and their text tokens are merg
 pipeline merges them.
 
 With timestamps (`timed`) the answer has segments: for one window as HF's
-`generate(return_timestamps=True)` gives them for one window decoded once
-(`force_unique_generate_call=True`: `timestamp_segments.py`); for long audio every window is
-decoded with timestamps and the windows are merged with them as HF's pipeline merges them
-with `return_timestamps=True` (`timed_merge.py`: its text and its `chunks`).
+`generate(return_timestamps=True)` gives them, by default decoding the window again from its
+last complete segment while a decode ends mid-segment (`redecoding`, `whisper_seek.py`: HF's
+sequential loop, requests with `audio_seek`), or decoded once
+(`force_unique_generate_call=True`: the segments cut as HF's tokenizer cuts them,
+`timestamp_segments.py`); for long audio every window is decoded with timestamps so (HF's
+pipeline calls that generate for each window) and the windows are merged with them as HF's
+pipeline merges them with `return_timestamps=True` (`timed_merge.py`: its text and its
+`chunks`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_
 from seq2serve.runtime.frontend.timed_merge import TimedWindow, merge_timed
 from seq2serve.runtime.frontend.timestamp_segments import segments, text_ids
 from seq2serve.runtime.frontend.transcription import WhisperPrompt
+from seq2serve.runtime.frontend.whisper_seek import WindowSeek
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ class TranscriptionJob:
                 "finish_reason": next((r for r in reasons if r and r.get("type") == "length"),
                                       reasons[-1]),
                 "windows": len(self.windows)}
+        if any("decodes" in m for m in metas):
+            meta["decodes"] = sum(m.get("decodes", 1) for m in metas)
         return {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
 
     def timed(self, results: list[dict[str, Any]], tokenizer,
@@ -119,10 +126,23 @@ class TranscriptionJob:
         [result] = results
         begin = whisper.no_timestamps_token_id + 1
         ids = result["output_ids"]
+        seeked = result.pop("seek_segments", None)
+        if seeked is None:  # decoded once: the tokenizer's segments
+            segs = [asdict(s) for s in segments(ids, begin, tokenizer.decode)]
+        else:  # HF's generate's segments
+            segs = [{"start": s.start, "end": s.end,
+                     "text": tokenizer.decode(text_ids(s.tokens, begin)),
+                     "tokens": s.tokens, "seek": s.seek} for s in seeked]
         return {**result, "text": tokenizer.decode(text_ids(ids, begin),
                                                    skip_special_tokens=True),
-                "duration": self.duration,
-                "segments": [asdict(s) for s in segments(ids, begin, tokenizer.decode)]}
+                "duration": self.duration, "segments": segs}
+
+    def redecoding(self, results: list[dict[str, Any]], whisper: WhisperPrompt,
+                   eos: int) -> Redecoding:
+        """HF's re-decoding of each window (decoded with timestamps: `results`) from its last
+        complete segment, until a decode ends the window (HF's pipeline calls generate so
+        for each of long audio's windows)."""
+        return Redecoding(self, results, whisper.no_timestamps_token_id + 1, eos)
 
 
     def long_timed(self, results: list[dict[str, Any]], tokenizer,
@@ -141,6 +161,8 @@ class TranscriptionJob:
                  for r, w in zip(results, self.spans, strict=True)]
         text, chunks = merge_timed(timed, begin, set(tokenizer.all_special_ids),
                                    tokenizer.decode)
+        for r in results:
+            r.pop("seek_segments", None)  # the merge has the pipeline's segments
         segs, previous_end = [], 0.0
         for c in chunks:
             start = previous_end if c.start is None else c.start
@@ -150,3 +172,49 @@ class TranscriptionJob:
         return {**answer, "text": text, "output_ids": [t for c in chunks for t in c.tokens],
                 "duration": self.duration, "segments": segs,
                 "pipeline_times": [(c.start, c.end) for c in chunks]}
+
+
+class Redecoding:
+    """The windows decoded as HF's `generate(return_timestamps=True)` decodes a window: the
+    first decodes' results in, then `requests` (the windows not done, again from their
+    `seek`, the same prompt and sampling: one batch) and `add` (their results) until
+    `requests` is empty; `results` has each window's result with HF's `sequences` as
+    `output_ids` (what `long_timed` merges), the decodes' token counts summed, and the
+    segments (`seek_segments`, which `timed` reads for a short clip)."""
+
+    def __init__(self, job: TranscriptionJob, results: list[dict[str, Any]], begin: int,
+                 eos: int) -> None:
+        self.job = job
+        self.seeks = [WindowSeek(begin, eos) for _ in job.windows]
+        self.metas: list[list[dict[str, Any]]] = [[] for _ in job.windows]
+        self.pending = list(range(len(job.windows)))  # the windows of the last requests
+        self.add(results)
+
+    def requests(self, decoder_ids: list[int], sampling_params: dict[str, Any],
+                 max_rows: int, user: str | None = None) -> list[GenerateReqInput]:
+        """The windows not yet done, each from its `seek`: a batch ([] when all are done)."""
+        self.pending = [i for i, w in enumerate(self.seeks) if not w.done]
+        if not self.pending:
+            return []
+        obj = GenerateReqInput(audio_data=[self.job.windows[i] for i in self.pending],
+                               audio_seek=[self.seeks[i].seek for i in self.pending],
+                               decoder_input_ids=list(decoder_ids),
+                               sampling_params=dict(sampling_params), user=user)
+        return split_rows(obj, max_rows)
+
+    def add(self, results: list[dict[str, Any]]) -> None:
+        if len(results) != len(self.pending):
+            raise RuntimeError(f"{len(results)} results for {len(self.pending)} windows")
+        for i, r in zip(self.pending, results):
+            self.seeks[i].add(r["output_ids"])
+            self.metas[i].append(r["meta_info"])
+
+    def results(self) -> list[dict[str, Any]]:
+        out = []
+        for seek, metas in zip(self.seeks, self.metas):
+            meta = {**metas[-1], "decodes": len(metas)}
+            for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                meta[k] = sum(m.get(k) or 0 for m in metas)
+            out.append({"output_ids": seek.sequence, "meta_info": meta,
+                        "seek_segments": seek.segments})
+        return out

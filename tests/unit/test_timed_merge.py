@@ -3,7 +3,9 @@ HF's own merge, `WhisperTokenizer._decode_asr(..., return_timestamps=True)` as t
 pipeline calls it (strides in seconds), on random windows shaped as the timestamp rules shape
 them: non-decreasing timestamps in pairs, text from one script of the whole audio (so that
 overlaps agree, mostly), segments that cross the strides, segments and windows without
-text, an unclosed last segment, an end of text."""
+text, an unclosed last segment, an end of text; and windows decoded more than once (HF's
+default: again from the last complete segment), their decodes end to end, each decode's
+timestamps counting from its own seek."""
 
 from __future__ import annotations
 
@@ -55,6 +57,29 @@ def _window(rng: random.Random, script: list[int], start_s: float, length_s: flo
     return ids + [eot]
 
 
+def _redecoded(rng: random.Random, script: list[int], start_s: float, length_s: float,
+               begin: int, eot: int) -> list[int]:
+    """A window decoded 2 or 3 times, as HF's generate returns it: every decode but the last
+    ends with a pair (its last segment closed, the next one opened) and the next decode
+    starts at that segment's end, its timestamps from 0 again; the last decode is
+    `_window`'s (any ending)."""
+    ids, seek = [], 0.0
+    for _ in range(rng.randrange(1, 3)):
+        part = _window(rng, script, start_s + seek, length_s - seek, begin, eot)[:-1]
+        stamps = [t for t in part if t >= begin]
+        if len(stamps) < 2 or length_s - seek < 2:
+            break
+        if part[-1] < begin:  # cut off mid-segment: closed
+            part.append(stamps[-1] + rng.randrange(1, 20))
+        if part[-2] < begin:  # the next segment opened
+            part.append(part[-1] + rng.choice([0, 0, rng.randrange(0, 20)]))
+        ids += part
+        seek += (part[-2] - begin) * 0.02  # the closed segment's end
+        if part[-2] == begin:
+            break
+    return ids + _window(rng, script, start_s + seek, max(length_s - seek, 1.0), begin, eot)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_merge_is_hfs_decode_asr(tokenizer, seed):
     rng = random.Random(seed)
@@ -67,7 +92,8 @@ def test_merge_is_hfs_decode_asr(tokenizer, seed):
     for w in windows(int(seconds * 16_000), chunk_s * 16_000, stride_s * 16_000,
                      stride_s * 16_000):
         stride = ((w.end - w.start) / 16_000, w.stride_left / 16_000, w.stride_right / 16_000)
-        ids = _window(rng, script, w.start / 16_000, stride[0], begin, eot)
+        make = _redecoded if rng.random() < 0.4 else _window
+        ids = make(rng, script, w.start / 16_000, stride[0], begin, eot)
         outputs.append({"tokens": torch.tensor([ids]), "stride": stride})
         timed.append(TimedWindow(ids, *stride))
     text, optional = tokenizer._decode_asr(outputs, return_timestamps=True,
