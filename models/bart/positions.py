@@ -46,11 +46,15 @@ def fairseq_sinusoids(n_pos: int, dim: int, padding_idx: int) -> torch.Tensor:
 
 
 def segment_positions(segment_lens: list[int], device: torch.device) -> torch.Tensor:
-    """0, 1, ... within each packed segment."""
+    """0, 1, ... within each packed segment (made on the host; uploaded pinned, so that the
+    host does not wait for the device's queue)."""
     lens = torch.tensor(segment_lens, dtype=torch.int64)
     starts = torch.cumsum(lens, 0) - lens
     idx = torch.arange(int(lens.sum()), dtype=torch.int64)
-    return (idx - starts.repeat_interleave(lens)).to(device)
+    rows = idx - starts.repeat_interleave(lens)
+    if torch.device(device).type == "cuda":
+        return rows.pin_memory().to(device, non_blocking=True)
+    return rows.to(device)
 
 
 class PositionTable(nn.Module):

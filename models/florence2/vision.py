@@ -189,6 +189,7 @@ class ImageProjector(nn.Module):
         self.image_projection = Linear(cfg.embed_dim[-1], cfg.projection_dim)
         self.image_proj_norm = LayerNorm(cfg.projection_dim)
         self.dim = cfg.embed_dim[-1]
+        self._first: torch.Tensor | None = None  # first_frame's row, made once
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         """[B, C, h, w] -> [B, 1 + h * w, projection_dim]."""
@@ -199,7 +200,11 @@ class ImageProjector(nn.Module):
         return self.image_proj_norm(self.image_projection(x))
 
     def first_frame(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Row 0 of HF's cosine temporal table: [sin 0, cos 0, sin 0, ...]."""
-        row = torch.zeros(self.dim)
-        row[1::2] = math.cos(0.0)
-        return row.to(device, dtype)
+        """Row 0 of HF's cosine temporal table: [sin 0, cos 0, sin 0, ...], made on the device
+        once (a copy from the host each call waited for the tower's kernels)."""
+        row = self._first
+        if row is None or row.dtype != dtype or row.device != device:
+            row = torch.zeros(self.dim, dtype=dtype, device=device)
+            row[1::2] = math.cos(0.0)
+            self._first = row
+        return row
