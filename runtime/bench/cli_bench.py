@@ -152,7 +152,7 @@ def _offline(args) -> dict:
     outputs = None
     for c in [int(x) for x in args.batch_sizes.split(",")]:
         with _engine(model_dir, load, args, c) as engine:
-            r = bench_engine(engine, reqs, args.output_len, args.num_beams)
+            r = bench_engine(engine, reqs, args.output_len, args.num_beams, c)
         outputs = r.pop("output_ids")
         r["concurrency"] = c
         results["seq2serve"].append(r)

@@ -7,10 +7,14 @@ import time
 from seq2serve.runtime.bench.workload import BenchRequest
 
 
-def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
+def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1,
+                 concurrency: int | None = None) -> dict:
     """Submit every request at once (the scheduler batches them); output tokens/s (with
-    beams: of the best hypotheses, all output_len long), and the KV bytes a request held."""
-    warm_engine(engine, reqs, num_beams)
+    beams: of the best hypotheses, all output_len long), and the KV bytes a request held.
+    Warmed on the workload's own shapes (`concurrency` requests, output_len tokens), as a
+    server is after its first batches and as the HF baseline warms on a full batch: the
+    kernels a batch of that size compiles or tunes on first use are not timed."""
+    warm_engine(engine, reqs, num_beams, full=(concurrency or len(reqs), output_len))
     return time_engine(engine, reqs, output_len, num_beams)
 
 
@@ -27,8 +31,7 @@ def warm_engine(engine, reqs: list[BenchRequest], num_beams: int = 1,
                 full: tuple[int, int] | None = None) -> None:
     """Compile / allocate outside the timing, on other inputs: a few requests cut short, or
     with `full` = (requests, output_len) the workload's own shapes (the sources reversed,
-    their lengths kept), as the baselines warm up on a full batch (`bench offline
-    --repeats`)."""
+    their lengths kept), as the baselines warm up on a full batch (`bench offline`)."""
     images = _images(reqs)
     count, output_len = full or (4, 4)
     warm = min(len(reqs), count)
