@@ -125,7 +125,8 @@ class SamplingBatch:
         top_ks = cols.row(cols.top_ks)
         filtered = cols.row(cols.filtered, np.bool_)
         widths = [k for f, k in zip(cols.filtered, cols.top_ks) if f]
-        seeded = any(sp.seed is not None and not g for sp, g in zip(cols.params, cols.greedy))
+        seeded = not all(cols.greedy) and any(sp.seed is not None and not g
+                                              for sp, g in zip(cols.params, cols.greedy))
         penalized = any(sp.has_penalties for sp in cols.params)
 
         banned_rows, banned_cols = [], []
@@ -169,13 +170,13 @@ class SamplingBatch:
             greedy=torch.from_numpy(greedy).to(device, non_blocking=True),
             all_greedy=bool(greedy.all()),
             top_ks=torch.from_numpy(top_ks).to(device)
-            if any(k < vocab_size for k in cols.top_ks) else None,
+            if (top_ks < vocab_size).any() else None,
             top_ps=col(cols.row(cols.top_ps, np.float32))
             if any(p < 1.0 for p in cols.top_ps) else None,
             min_ps=col(cols.row(cols.min_ps, np.float32))
             if any(p > 0.0 for p in cols.min_ps) else None,
             filtered=torch.from_numpy(filtered).to(device, non_blocking=True)
-            if any(cols.filtered) else None,
+            if filtered.any() else None,
             filter_width=max(widths) if widths and max(widths) < vocab_size else None,
             seeded=seeded,
             keys=None if greedy.all() else _keys(reqs, sps, pend, seeded, device),

@@ -125,14 +125,15 @@ def decode_batch(reqs: list[Req], memory: RequestMemory,
                 0, r.encoder_len)
             starts.append(s)
             ends.append(e)
+    at = np.array(positions, dtype=np.int64)  # (for the tensor and the new lengths both)
     wb = DecoderBatch(ForwardMode.DECODE, DecoderInputs(
         input_ids=_int64(ids),
-        positions=_int64(positions),
+        positions=torch.from_numpy(at),
         out_cache_loc=_int64(locs),
         cross_kv_start=torch.tensor(starts, dtype=torch.int32) if ranged else None,
         cross_kv_end=torch.tensor(ends, dtype=torch.int32) if ranged else None,
         req_pool_indices=[r.req_pool_idx for r in reqs],
-        seq_lens=[p + 1 for p in positions],  # (their kv_len now)
+        seq_lens=(at + 1).tolist(),  # (their kv_len now)
         extend_lens=[1] * len(reqs),
         encoder_lens=encoder_lens,
         cross_group_lens=groups,

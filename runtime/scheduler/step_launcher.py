@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import groupby
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -85,7 +86,8 @@ class StepLauncher:
             # grammar masks, penalties and n-gram bans read every generated token: if a row's
             # last one is still on the device, they are made once the host has read it
             # (`complete`), while the forward runs
-            late = any(p and r.reads_history for r, p in zip(rows.reqs, pending))
+            # (the rows with a token pending are the first `rows.continuing`)
+            late = any([r.reads_history for r in rows.reqs[:rows.continuing]])
             # a late step's sampling batch is made by `complete`; until then the launch needs
             # only its beam rows (whether the groups fit the CUDA graphs' cross grid)
             sampling = (None if late and beams is None
@@ -118,8 +120,11 @@ class StepLauncher:
                   late: bool) -> SamplingBatch:
         """The step's sampling batch; `late`: the grammar masks are left unfilled (and the
         history-read fields are made again by `complete`)."""
-        marked = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        grammar = (marked, None) if late and marked else grammar_masks(reqs, self.vocab_size)
+        if late:  # (the grammar rows alone; their masks are filled by `complete`)
+            marked = [i for i, r in enumerate(reqs) if r.grammar is not None]
+            grammar = (marked, None) if marked else None
+        else:
+            grammar = grammar_masks(reqs, self.vocab_size)
         return SamplingBatch.from_reqs(reqs, self.vocab_size, self.eos_ids, self.device,
                                        pending=pending, beams=beams, forced_eos=self.forced_eos,
                                        begin_suppressed=self.begin_suppressed, grammar=grammar,
@@ -131,14 +136,10 @@ class StepLauncher:
         the rows' running scores (the host's, or those `prev` left on the device), and, in a
         decode step, what the device needs to choose the beams of groups past their first
         step and move their pages (`BeamMoves`)."""
-        buckets: list[tuple[int, int, int]] = []
-        for g in groups:
-            shape = (len(g.rows), g.keep)
-            if buckets and buckets[-1][1:] == shape:
-                buckets[-1] = (buckets[-1][0] + 1, *shape)
-            else:
-                buckets.append((1, *shape))
-        rows = sum(len(g.rows) for g in groups)
+        # (groups, rows, keep) for each run of groups of one shape (rows, keep)
+        shapes = groupby([(len(g.rows), g.keep) for g in groups])
+        buckets = [(len(list(run)), *shape) for shape, run in shapes]
+        rows = sum(n * size for n, size, _ in buckets)
         if prev is not None:
             scores = prev.pending.beam_running_scores
             scores = scores[order[:rows]] if order is not None else scores[:rows]
@@ -150,6 +151,9 @@ class StepLauncher:
         return SamplingBatch.beam_layout(scores, buckets, self.device, moves)
 
     def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
+        """What the device needs to choose the beams of `groups` and move their pages: each
+        group's stop ids and whether its next token is its last, and each row's table row and
+        page split."""
         ps = self.memory.page_size
         stop_sets = [g.stop_ids for g in groups]
         unique = set(stop_sets)
@@ -161,18 +165,20 @@ class StepLauncher:
         else:
             stop_ids = torch.tensor([sorted(s) + [-1] * (width - len(s)) for s in stop_sets],
                                     dtype=torch.int64).view(len(groups), width)
-        all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
-                   .max_new_tokens for g in groups]
+        # (host lists become tensors through numpy: a fraction of torch.tensor's time on them)
+        all_end = np.array([len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
+                            .max_new_tokens for g in groups], dtype=np.bool_)
         sizes = [len(g.rows) for g in groups]
-        table_rows = np.array([r.req_pool_idx for g in groups for r in g.rows], dtype=np.int64)
-        length = np.array([r.kv_len for g in groups for r in g.rows], dtype=np.int64) + 1
+        members = [r for g in groups for r in g.rows]  # (the rows, group by group, once)
+        table_rows = np.array([r.req_pool_idx for r in members], dtype=np.int64)
+        length = np.array([r.kv_len for r in members], dtype=np.int64) + 1
         length[np.repeat(np.array(sizes) == 1, sizes)] = 0  # (a group's first step: no move)
         copy_len = length % ps  # positions written in the last page after this step
         rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
         copy_width = max(1, int(copy_len.max()))
         rows = rows.to(self.device, non_blocking=True)
-        starts = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
+        starts = torch.from_numpy(np.array([0] + sizes, dtype=np.int64).cumsum())
         return BeamMoves(stop_ids.contiguous().to(self.device, non_blocking=True),
-                         torch.tensor(all_end).to(self.device, non_blocking=True),
+                         torch.from_numpy(all_end).to(self.device, non_blocking=True),
                          rows[0], rows[1], rows[2], copy_width,
                          starts.to(self.device, non_blocking=True), max(sizes))

@@ -59,10 +59,14 @@ def overlappable(reqs: list[Req], late_sampling: bool = False) -> bool:
     generated token: their rows run ahead only where the executor can queue a step's sampler
     after its forward (`late_sampling`: the sampling fields are made once the host has read
     the step before, while the forward runs: StepLauncher.complete). Whisper's timestamp
-    rules never run ahead."""
-    return not any((r.beam is not None and len(r.beam.rows) == 1)
-                   or (r.reads_history and (not late_sampling or r.sampling_params.timestamps))
-                   for r in reqs)
+    rules never run ahead. (It runs every step over the whole running batch: the beam rule
+    is checked once per group, the others only on the rows that read their history.)"""
+    groups = {r.beam for r in reqs}  # (groups hash by identity)
+    if any(g is not None and len(g.rows) == 1 for g in groups):
+        return False
+    history = [r for r in reqs if r.reads_history]
+    return not history or (late_sampling
+                           and not any(r.sampling_params.timestamps for r in history))
 
 
 def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
@@ -87,13 +91,16 @@ def rows_ahead(running: list[Req], prev: list[Req | None], page_size: int
     is their last are left out."""
     in_prev = set(prev)  # (requests hash by identity)
     rows, pages = [], 0
-    for r in running:
-        pending = 1 if r in in_prev else 0
-        if not pending and (r.seq_len - r.kv_len != 1 or r.beam is not None):
+    for r in running:  # (one pass, each attribute read once: every row, every step)
+        done = len(r.output_ids)  # its generated tokens, the one in flight counted in
+        if r in in_prev:
+            done += 1
+        elif r.beam is not None or r.seq_len - r.kv_len != 1:
             return None  # (a beam row reads its running score from the step in flight)
-        if len(r.output_ids) + pending < r.sampling_params.max_new_tokens:
+        if done < r.sampling_params.max_new_tokens:
             rows.append(r)
-            pages += r.kv_len == len(r.kv_pages) * page_size  # at a page boundary
+            if r.kv_len == len(r.kv_pages) * page_size:  # at a page boundary
+                pages += 1
     return rows, pages
 
 
@@ -120,15 +127,22 @@ class StepRows:
 def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     """Order `reqs` for one forward; `prev`: the requests of the step in flight whose sampled
     tokens are this step's inputs (None: every input is on the host)."""
-    groups = sorted(dict.fromkeys(r.beam for r in reqs if r.beam is not None),
-                    key=lambda g: (len(g.rows), g.keep))  # stable: equal shapes keep order
+    groups = dict.fromkeys([r.beam for r in reqs])  # (groups hash by identity)
+    groups.pop(None, None)
+    groups = sorted(groups, key=_shape)  # stable: equal shapes keep order
     beam_rows = [r for g in groups for r in g.rows]
     others = [r for r in reqs if r.beam is None]
-    where = {r: i for i, r in enumerate(prev or ())}  # (requests hash by identity)
+    # each request's row in the step in flight (requests hash by identity)
+    where = dict(zip(prev, range(len(prev)))) if prev else {}
     where.pop(None, None)  # (rows of the step in flight that sampled nothing)
     if not where:
         return StepRows(beam_rows + others, groups, [])
     fresh = [r for r in others if r not in where]
     cont = beam_rows + [r for r in others if r in where]
-    assert all(r in where for r in beam_rows), "beam rows continue the step in flight"
+    assert all(map(where.__contains__, beam_rows)), "beam rows continue the step in flight"
     return StepRows(cont + fresh, groups, [where[r] for r in cont])
+
+
+def _shape(g: BeamGroup) -> tuple[int, int]:
+    """A group's bucket in the sampler: (rows, candidates kept)."""
+    return len(g.rows), g.keep
