@@ -19,7 +19,9 @@ from seq2serve.tests.florence2_checkpoints import write_florence2_checkpoint
 
 MAX_NEW = 16
 SAMPLING = {"max_new_tokens": MAX_NEW, "temperature": 0, "no_repeat_ngram_size": 3}
-TASKS = ["<OD>", "<OCR_WITH_REGION>", "<CAPTION_TO_PHRASE_GROUNDING> a cat"]
+# (prompt, decoding): HF's Florence-2 examples decode with num_beams=3
+CASES = [("<OD>", {}), ("<OCR_WITH_REGION>", {}), ("<CAPTION_TO_PHRASE_GROUNDING> a cat", {}),
+         ("<REGION_PROPOSAL>", {"num_beams": 3})]
 IMAGE = Image.fromarray((np.random.RandomState(0).rand(30, 50, 3) * 255).astype("uint8"))
 
 
@@ -40,10 +42,10 @@ def _task(prompt: str) -> str:
 
 
 @torch.no_grad()
-def _hf(processor, model, prompt: str) -> torch.Tensor:
+def _hf(processor, model, prompt: str, **case) -> torch.Tensor:
     inputs = processor(text=prompt, images=IMAGE, return_tensors="pt")
     return model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False,
-                          no_repeat_ngram_size=3)
+                          no_repeat_ngram_size=3, **case)
 
 
 def test_answers_keep_loc_tokens_and_parse_as_hf(florence):
@@ -51,10 +53,12 @@ def test_answers_keep_loc_tokens_and_parse_as_hf(florence):
     tok = processor.tokenizer
     drop = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
     boxes = 0
-    for prompt in TASKS:
-        got = engine.generate(prompt=prompt, image_data=[IMAGE], sampling_params=SAMPLING)
-        generated_ids = _hf(processor, model, prompt)
-        assert got["output_ids"] == generated_ids[0, 1:].tolist(), prompt
+    for prompt, case in CASES:
+        got = engine.generate(prompt=prompt, image_data=[IMAGE],
+                              sampling_params={**SAMPLING, **case})
+        generated_ids = _hf(processor, model, prompt, **case)
+        assert got["output_ids"] == [t for t in generated_ids[0, 1:].tolist()
+                                     if t != tok.pad_token_id], prompt
         # HF's example: decode keeping special tokens; here less BOS, EOS and pad
         kept = [[t for t in generated_ids[0].tolist() if t not in drop]]
         want = processor.batch_decode(kept, skip_special_tokens=False)[0]
@@ -111,3 +115,36 @@ def test_no_processor_no_parse(florence, tmp_path):
     assert answers.parse("car<loc_1><loc_2><loc_3><loc_4>", "<OD>", (10, 10)) is None
     assert tm.answers.parse("car<loc_1><loc_2><loc_3><loc_4>", "<OD>", (10, 10))["<OD>"][
         "labels"] == ["car"]
+
+
+def test_generate_over_http(florence):
+    """POST /generate: `parsed` beside `text`, and on a stream's last event."""
+    import base64
+    import io
+    import json
+
+    import httpx
+
+    from seq2serve.tests.server_helpers import ServerProcess
+
+    engine, _, _, path = florence
+    want = json.loads(json.dumps(engine.generate(prompt="<OD>", image_data=[IMAGE],
+                                                 sampling_params=SAMPLING)))
+    png = io.BytesIO()
+    IMAGE.save(png, format="PNG")
+    image = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    srv = ServerProcess(path)
+    try:
+        body = {"text": "<OD>", "image_data": image, "sampling_params": SAMPLING}
+        got = httpx.post(srv.url + "/generate", json=body, timeout=60).json()
+        assert (got["text"], got["parsed"]) == (want["text"], want["parsed"])
+        with httpx.stream("POST", srv.url + "/generate", json={**body, "stream": True},
+                          timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert events[-1]["text"] == want["text"]
+        assert events[-1]["parsed"] == want["parsed"]
+        assert all("parsed" not in e for e in events[:-1])
+        assert srv.terminate() == 0, srv.output()
+    finally:
+        srv.kill()
