@@ -1,6 +1,7 @@
 """Tiny random Florence-2 checkpoints (`Florence2ForConditionalGeneration`, saved by HF) with
 the processor files the engine and HF's `Florence2Processor` read: a tiny byte-level BART
-tokenizer with the `<image>` token, and a CLIP image processor of a small size.
+tokenizer with the `<image>` token (and, if asked, the answers' `<loc_*>` tokens), a CLIP image
+processor of a small size, and the post-processor's settings (`post_process_generation`).
 
 Two shapes: a two-stage tower (GELU, square images, the head tied to the shared embedding,
 unscaled embeddings) and a three-stage one (ReLU, deeper stages, no q/k/v bias, non-square
@@ -41,13 +42,38 @@ GENERATION = {"bos_token_id": 0, "decoder_start_token_id": 2, "eos_token_id": 2,
               "forced_eos_token_id": 2, "pad_token_id": 1}
 
 
-def tokenizer(out: Path):
-    """The tiny BART tokenizer with Florence-2's `<image>` token (its image_token)."""
+# the tokens Florence-2's answers are made of, which its original processor added to the BART
+# tokenizer as special tokens (microsoft/Florence-2-base, processing_florence2.py; the
+# florence-community checkpoints' tokenizers have them): `<loc_0>`..`<loc_999>` quantize a
+# coordinate to 1000 bins
+ANSWER_TOKENS = (["<od>", "</od>", "<ocr>", "</ocr>"] + [f"<loc_{x}>" for x in range(1000)]
+                 + ["<cap>", "</cap>", "<ncap>", "</ncap>", "<grounding>", "</grounding>",
+                    "<seg>", "</seg>", "<sep>", "<region_cap>", "</region_cap>",
+                    "<region_to_desciption>", "</region_to_desciption>", "<proposal>",
+                    "</proposal>", "<poly>", "</poly>", "<and>"])
+# what HF's Florence2PostProcessor parses (its parse tasks; HF's processor test's settings)
+POST_PROCESSOR_CONFIG = {
+    "ocr": {"pattern": r"(.+?)<loc_(\d+)><loc_(\d+)><loc_(\d+)><loc_(\d+)><loc_(\d+)>"
+                       r"<loc_(\d+)><loc_(\d+)><loc_(\d+)>",
+            "area_threshold": 0.0},
+    "phrase_grounding": {"banned_grounding_tokens": ["the image"]},
+    "pure_text": {}, "description_with_bboxes": {}, "description_with_polygons": {},
+    "polygons": {}, "bboxes": {}, "description_with_bboxes_or_polygons": {},
+}
+
+
+def tokenizer(out: Path, answer_tokens: bool = False):
+    """The tiny BART tokenizer with Florence-2's `<image>` token (its image_token); with
+    `answer_tokens`, its answers' special tokens too (`ANSWER_TOKENS`, after `<image>`: its id
+    stays 269)."""
     from transformers import BartTokenizer
 
     _tokenizer(out)  # writes vocab.json and merges.txt
-    return BartTokenizer(str(out / "vocab.json"), str(out / "merges.txt"),
-                         extra_special_tokens={"image_token": "<image>"})
+    tok = BartTokenizer(str(out / "vocab.json"), str(out / "merges.txt"),
+                        extra_special_tokens={"image_token": "<image>"})
+    if answer_tokens:
+        tok.add_tokens(ANSWER_TOKENS, special_tokens=True)
+    return tok
 
 
 def image_processor(size: dict, tokens: int):
@@ -80,9 +106,10 @@ def _randomize(model, seed: int, eos: int, eos_boost: float) -> None:
 
 
 def write_florence2_checkpoint(shape: str, out: Path, seed: int = 0,
-                               eos_boost: float = 0.0) -> Path:
+                               eos_boost: float = 0.0, answer_tokens: bool = False) -> Path:
     """`eos_boost`: how far the head's EOS row moves towards every output (outputs end
-    earlier as it grows)."""
+    earlier as it grows). `answer_tokens`: the tokenizer (and the vocabulary) has Florence-2's
+    `<loc_*>` tokens, which random weights then generate often."""
     from transformers import (
         Florence2Config,
         Florence2ForConditionalGeneration,
@@ -92,7 +119,7 @@ def write_florence2_checkpoint(shape: str, out: Path, seed: int = 0,
 
     out.mkdir(parents=True, exist_ok=True)
     s = SHAPES[shape]
-    tok = tokenizer(out)
+    tok = tokenizer(out, answer_tokens)
     cfg = Florence2Config(
         vision_config=s["vision"], image_token_id=tok.image_token_id,
         tie_word_embeddings=s["tie"],
@@ -105,7 +132,8 @@ def write_florence2_checkpoint(shape: str, out: Path, seed: int = 0,
     model.save_pretrained(str(out))
     GenerationConfig(**GENERATION).save_pretrained(str(out))
     tokens = _image_tokens(model, s["size"])
-    Florence2Processor(image_processor(s["size"], tokens), tok).save_pretrained(str(out))
+    Florence2Processor(image_processor(s["size"], tokens), tok,
+                       post_processor_config=POST_PROCESSOR_CONFIG).save_pretrained(str(out))
     return out
 
 

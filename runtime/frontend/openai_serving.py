@@ -412,8 +412,11 @@ class OpenAIServing:
                 i = chunk["index"]
                 texts[i] = texts.get(i, "") + chunk["text"]
                 ids[i] = ids.get(i, []) + chunk["output_ids"]
-                yield _sse({"index": i, "text": texts[i], "output_ids": ids[i],
-                            "meta_info": chunk["meta_info"]})
+                event = {"index": i, "text": texts[i], "output_ids": ids[i],
+                         "meta_info": chunk["meta_info"]}
+                if "parsed" in chunk:  # a Florence-2 task's answer, on its last event
+                    event["parsed"] = chunk["parsed"]
+                yield _sse(event)
                 chunk = await anext(agen, None)
             yield "data: [DONE]\n\n"
 

@@ -25,6 +25,7 @@ from seq2serve.encoders.pixel_store import PixelStore
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import CacheIsolation, RequestLimits
 from seq2serve.runtime.frontend import image_prompts
+from seq2serve.runtime.frontend.florence_answers import FlorenceAnswers, TaskAnswer, image_size
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     invalid_text,
@@ -73,6 +74,9 @@ class _ReqState:
     last_token: float | None = None
     finished: bool = False
     held: Any = None  # an error that came behind outputs merged into one piece (_next)
+    # a Florence-2 task's answer: its text decoded here (florence_answers.py), then parsed
+    answer: TaskAnswer | None = None
+    parsed: dict | None = None
 
 
 class TokenizerManager:
@@ -89,6 +93,9 @@ class TokenizerManager:
         self.info = info
         self.model_id = model_id
         self.is_encoder_decoder = info["is_encoder_decoder"]
+        # Florence-2: its task answers' special tokens kept, and parsed by HF's processor
+        self.answers = (FlorenceAnswers.load(model_id, tokenizer, info)
+                        if info.get("image_prompt") else None)
         self.media_policy = media_policy or MediaPolicy()
         self.limits = limits or RequestLimits()
         self.isolation = isolation or CacheIsolation()  # the router's too
@@ -161,6 +168,12 @@ class TokenizerManager:
     def tokenize(self, obj: GenerateReqInput) -> tuple[bool, list[TokenizedRequest]]:
         """Validate and tokenize; one TokenizedRequest per prompt and sample (n). A beam search
         is one TokenizedRequest per prompt, whose `beam_rids` name its k results (k > 1)."""
+        is_batch, reqs, _ = self._tokenize(obj)
+        return is_batch, reqs
+
+    def _tokenize(self, obj: GenerateReqInput
+                  ) -> tuple[bool, list[TokenizedRequest], dict[str, TaskAnswer]]:
+        """`tokenize`, and the results that answer a Florence-2 task, by rid."""
         is_batch, items = obj.normalize()
         if obj.embed:
             self._check_embedding(obj, items)
@@ -169,11 +182,12 @@ class TokenizerManager:
             raise ValueError(f"{rows} inputs (rows: prompts x n x num_beams) in one request, "
                              f"over this server's limit of {self.limits.max_batch_inputs} "
                              f"(max_batch_inputs)")
-        per_item = self._images([item["image_data"] for item in items])
+        per_item, sizes = self._sized_images([item["image_data"] for item in items])
         per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
+        tasks: dict[str, tuple] = {}  # result rid -> (task, image size, stop strings)
         group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
-        for item, images in zip(items, per_item):
+        for item, images, size in zip(items, per_item, sizes):
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])
             cap = self.limits.max_new_tokens
@@ -200,6 +214,8 @@ class TokenizerManager:
                 raise ValueError(f"logprob_start_len {k} is past the decoder input's "
                                  f"{len(dec)} tokens")
             base_rid = scoped_rid(obj.user, item["rid"] or uuid.uuid4().hex, self.server)
+            task = self._task(item)
+            spec = None if task is None else (task, size, list(sp.stop))
             common = dict(encoder_input_ids=enc, decoder_input_ids=dec, stream=obj.stream,
                           return_logprob=obj.return_logprob,
                           top_logprobs_num=obj.top_logprobs_num, logprob_start_len=k,
@@ -211,6 +227,7 @@ class TokenizerManager:
                 beam_rids = [f"{base_rid}-{i}" for i in range(k)] if k > 1 else None
                 reqs.append(TokenizedRequest(rid=beam_rids[0] if beam_rids else base_rid,
                                              sampling_params=sp, beam_rids=beam_rids, **common))
+                tasks.update(dict.fromkeys(reqs[-1].result_rids, spec))
                 continue
             for i in range(sp.n):
                 sample_sp = dataclasses.replace(sp, n=1, stop=list(sp.stop),
@@ -219,18 +236,32 @@ class TokenizerManager:
                     sample_sp.seed = sp.seed + i  # n samples with one seed must differ
                 reqs.append(TokenizedRequest(rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
                                              sampling_params=sample_sp, **common))
+                tasks[reqs[-1].rid] = spec
         if obj.decoder_variants is not None:  # one input, several decoder prompts
             [base] = reqs
             reqs = [dataclasses.replace(base, rid=f"{base.rid}-v{i}", decoder_input_ids=list(v),
                                         sampling_params=dataclasses.replace(base.sampling_params))
                     for i, v in enumerate(obj.decoder_variants)]
+            tasks = {r.rid: tasks[base.rid] for r in reqs}
             for r in reqs:
                 self._check_lengths(r.encoder_input_ids, r.decoder_input_ids, r.sampling_params,
                                     sum(p.num_tokens for p in r.encoder_inputs))
         rids = [rid for r in reqs for rid in r.result_rids]
         if len(set(rids)) != len(rids):
             raise ValueError("rid must be unique among running requests")
-        return is_batch or len(rids) > 1, reqs
+        answers = {rid: self.answers.answer(*spec) for rid, spec in tasks.items()
+                   if spec is not None}
+        return is_batch or len(rids) > 1, reqs, answers
+
+    def _task(self, item: dict[str, Any]) -> str | None:
+        """The Florence-2 task token a text prompt is, unless the request sets
+        skip_special_tokens (then its text is decoded as it says, and not parsed; a
+        SamplingParams object sets every field)."""
+        params = item["sampling_params"]
+        if self.answers is None or "text" not in item or isinstance(params, SamplingParams) or (
+                params and params.get("skip_special_tokens") is not None):
+            return None
+        return self.answers.task_of(item["text"])
 
     def _audio(self, items: list[dict[str, Any]]) -> list[list]:
         """Each prompt's audio as the encoder's input ([] where it has none): decoded and
@@ -292,8 +323,14 @@ class TokenizerManager:
 
     def _images(self, per_prompt: list[list]) -> list[list[ImageFeatures]]:
         """Every prompt's images, decoded and preprocessed concurrently (all prompts at once)."""
+        return self._sized_images(per_prompt)[0]
+
+    def _sized_images(self, per_prompt: list[list]
+                      ) -> tuple[list[list[ImageFeatures]], list[tuple[int, int] | None]]:
+        """`_images`, and each prompt's first image's (width, height) where a Florence-2
+        answer may need it (None otherwise)."""
         if not any(per_prompt):
-            return [[] for _ in per_prompt]
+            return [[] for _ in per_prompt], [None] * len(per_prompt)
         if self.image_processor is None:
             raise ValueError("this model takes no images (image_data was given)")
         most = max(map(len, per_prompt))
@@ -309,7 +346,8 @@ class TokenizerManager:
             i, src = i_src
             try:
                 ident, decode = read_image(src, self.media_policy)
-                return self.image_processor(ident, decode)
+                size = image_size(src, ident) if self.answers is not None else None
+                return self.image_processor(ident, decode), size
             except ValueError as e:
                 raise ValueError(f"image {i}: {e}") from None
 
@@ -320,7 +358,9 @@ class TokenizerManager:
             # a 40-megapixel image passes through a few hundred MB of buffers in its thread;
             # measured: 32 images of 6300x6300 on two threads left 1.2 GB resident, 0.5 after
             release_freed_memory()
-        return [[next(done) for _ in sources] for sources in per_prompt]
+        per = [[next(done) for _ in sources] for sources in per_prompt]
+        return ([[f for f, _ in p] for p in per],
+                [p[0][1] if p else None for p in per])
 
     def check_text(self, text: str, name: str = "text") -> None:
         """A prompt's text before tokenizing: valid Unicode, and not so long that no number
@@ -462,12 +502,14 @@ class TokenizerManager:
         await self.start()
         # tokenizing (and decoding images) is CPU work: off the event loop, so that a huge
         # prompt does not stall other requests and /health
-        _, reqs = await asyncio.get_running_loop().run_in_executor(None, self.tokenize, obj)
+        _, reqs, answers = await asyncio.get_running_loop().run_in_executor(
+            None, self._tokenize, obj)
         # one state per result (a beam request has k), prompt-major like n's samples
         rids = [rid for r in reqs for rid in r.result_rids]
         if any(rid in self.states for rid in rids):
             raise ValueError("rid must be unique among running requests")
-        states = [_ReqState(rid=rid, index=i, show_replica=obj.show_replica)
+        states = [_ReqState(rid=rid, index=i, show_replica=obj.show_replica,
+                            answer=answers.get(rid))
                   for i, rid in enumerate(rids)]
         for s, r in zip(states, reqs):  # (scoring refuses beams: one result per request)
             if r.logprob_start_len is not None:
@@ -542,6 +584,14 @@ class TokenizerManager:
         if out.error is not None:
             s.finished = True
             raise ValueError(out.error)
+        if s.answer is not None:  # a Florence-2 task's: decoded here, its tokens kept
+            a, reason = s.answer, out.finished_reason
+            matched = (reason or {}).get("matched")
+            out = dataclasses.replace(out, text=a.add(out.new_token_ids, reason is not None,
+                                                      matched if isinstance(matched, str)
+                                                      else None))
+            if reason is not None:
+                s.parsed = self.answers.parse(s.text + out.text, a.task, a.image_size)
         s.text += out.text
         s.output_ids += out.new_token_ids
         if out.new_token_ids:
@@ -577,8 +627,11 @@ class TokenizerManager:
         while True:
             out = await self._next(s)
             if s.finished:
-                return {"text": s.text, "output_ids": list(s.output_ids),
-                        "meta_info": self._meta(s, out, logprob)}
+                result = {"text": s.text, "output_ids": list(s.output_ids),
+                          "meta_info": self._meta(s, out, logprob)}
+                if s.parsed is not None:
+                    result["parsed"] = s.parsed
+                return result
 
     async def _stream(self, states: list[_ReqState], logprob: bool):
         if len(states) == 1:  # the common case: no task per piece
@@ -605,6 +658,8 @@ class TokenizerManager:
         if logprob:
             chunk["logprobs"] = out.new_logprobs or []
             chunk["top_logprobs"] = out.new_top_logprobs or []
+        if s.parsed is not None and out.finished_reason is not None:
+            chunk["parsed"] = s.parsed  # the whole answer's, on its last piece
         return chunk
 
     def _meta(self, s: _ReqState, out: TokenOutput, logprob: bool) -> dict[str, Any]:
