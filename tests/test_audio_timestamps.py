@@ -44,10 +44,8 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def hf_offsets(path: str, samples, **kwargs) -> dict:
-    """HF's text and segments for one window: generate with timestamps in one call (as many
-    new tokens as the decoder's positions leave, the server's default), decoded by HF's
-    tokenizer with its offsets."""
+def hf_whisper(path: str, samples):
+    """HF's model, the clip's log-mel features as its extractor makes them, its tokenizer."""
     from transformers import (
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
@@ -57,12 +55,19 @@ def hf_offsets(path: str, samples, **kwargs) -> dict:
     model = WhisperForConditionalGeneration.from_pretrained(path).eval()
     extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
     features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    return model, features, WhisperTokenizer.from_pretrained(path)
+
+
+def hf_offsets(path: str, samples, **kwargs) -> dict:
+    """HF's text and segments for one window: generate with timestamps in one call (as many
+    new tokens as the decoder's positions leave, the server's default), decoded by HF's
+    tokenizer with its offsets."""
+    model, features, tok = hf_whisper(path, samples)
     prompt_len = 3 if "language" in kwargs else 1  # <|sot|> [lang task]
     with torch.no_grad():
         seq = model.generate(features, return_timestamps=True, force_unique_generate_call=True,
                              max_new_tokens=model.config.max_target_positions - prompt_len,
                              **kwargs)[0].tolist()
-    tok = WhisperTokenizer.from_pretrained(path)
     out = tok.decode(seq, output_offsets=True)
     assert out["offsets"], "the clip should give segments"
     return {"text": tok.decode(seq, skip_special_tokens=True), "offsets": out["offsets"],
@@ -75,21 +80,12 @@ def hf_default(path: str, samples, **kwargs) -> dict:
     ends mid-segment), as many new tokens a decode as the decoder's positions leave: its text,
     `sequences` and `segments` (as `hf_offsets`' offsets: times and text), and how many
     generate calls it made."""
-    from transformers import (
-        WhisperFeatureExtractor,
-        WhisperForConditionalGeneration,
-        WhisperTokenizer,
-    )
-
-    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
-    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
-    features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    model, features, tok = hf_whisper(path, samples)
     prompt_len = 3 if "language" in kwargs else 1
     with torch.no_grad():
         out = model.generate(features, return_timestamps=True, return_segments=True,
                              max_new_tokens=model.config.max_target_positions - prompt_len,
                              **kwargs)
-    tok = WhisperTokenizer.from_pretrained(path)
     begin = model.generation_config.no_timestamps_token_id + 1
     segs = out["segments"][0]
     seq = out["sequences"][0].tolist()

@@ -66,7 +66,7 @@ class ServerArgs:
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
     disable_cuda_graph: bool = False  # run decode steps eagerly instead of replaying CUDA graphs
     disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
-    cuda_graph_max_bs: int = 512  # largest decode batch captured (<= max_running_requests)
+    cuda_graph_max_bs: int = 512  # largest decode batch captured (at most max_running_requests)
     cuda_graph_max_prefill_tokens: int = 32  # shorter prefills replay decode graphs (0: never)
     grammar_backend: str = "xgrammar"  # constrained decoding's matchers: xgrammar or llguidance
     # caches
