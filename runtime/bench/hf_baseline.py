@@ -110,7 +110,8 @@ def _audio_inputs(model_dir: str, reqs: list[BenchRequest], device: str,
     its language and task named too (HF then detects no language and suppresses from the
     prompt's end, as the runtime does)."""
     feats = _feature_extractor(model_dir)([r.audio for r in reqs], sampling_rate=16_000,
-                                          return_tensors="pt", device=device).input_features
+                                          return_tensors="pt",
+                                          device=str(device)).input_features
     prompt = reqs[0].input_ids
     inputs = {"input_features": feats.to(device, dtype),
               "decoder_input_ids": torch.tensor([r.input_ids for r in reqs], device=device)}
