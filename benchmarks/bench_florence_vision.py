@@ -24,6 +24,7 @@ from seq2serve.models.florence2.config import Florence2VisionConfig
 from seq2serve.models.florence2.vision import DaViT
 from seq2serve.models.loader import ops_for
 from seq2serve.models.ops import use_ops
+from seq2serve.runtime.bench.hardware import matmul_peak_tflops
 from seq2serve.runtime.bench.shapes import SHAPES, write_shape
 
 SIZE = 768
@@ -47,16 +48,6 @@ def tower_flops(cfg: Florence2VisionConfig, size: int = SIZE) -> float:
         total += 2 * n * d * channels * kernel * kernel + cfg.depths[i] * block
         channels = d
     return total
-
-
-def matmul_peak_tflops() -> float:
-    from triton.testing import do_bench
-
-    best = 0.0
-    for n in (4096, 8192):
-        a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        best = max(best, 2 * n**3 / do_bench(lambda: a @ b, warmup=50, rep=300) / 1e9)  # noqa: B023
-    return best
 
 
 def towers(cfg: Florence2VisionConfig):

@@ -20,16 +20,8 @@ from triton.testing import do_bench
 
 from seq2serve.models.mllama import vision
 from seq2serve.models.mllama.config import MllamaVisionConfig
+from seq2serve.runtime.bench.hardware import matmul_peak_tflops
 from seq2serve.runtime.bench.shapes import SHAPES
-
-
-def matmul_peak_tflops() -> float:
-    best = 0.0
-    for n in (4096, 8192, 16384):
-        a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        ms = do_bench(lambda: a @ b, warmup=50, rep=300)  # noqa: B023
-        best = max(best, 2 * n**3 / ms / 1e9)
-    return best
 
 
 def tower_flops(cfg: MllamaVisionConfig, images: int, tiles: int) -> float:
@@ -70,7 +62,7 @@ def main() -> None:
                          device="cuda", dtype=torch.bfloat16)
     ratio_ids = torch.full((args.batch,), 6, device="cuda")  # 2 x 2 tiles
     calls = args.images // args.batch
-    peak = matmul_peak_tflops()
+    peak = matmul_peak_tflops((4096, 8192, 16384))
     flops = tower_flops(cfg, calls * args.batch, tiles)
     result = {"images": calls * args.batch, "batch": args.batch, "tiles": tiles,
               "tflop": flops / 1e12, "matmul_peak_tflops": peak, "orders": {}}

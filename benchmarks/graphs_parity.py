@@ -12,6 +12,10 @@ between hypotheses whose scores are within `--tie`. Exit status 1 where any requ
 that.
 
     python3 benchmarks/graphs_parity.py --shape florence-2-large --num-beams 3
+    python3 benchmarks/graphs_parity.py --shape whisper-large-v3 --num-beams 2
+
+A speech shape's requests are `bench offline`'s: distinct 30 s clips with Whisper's prompt
+(`--input-len` does not apply).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 
 from seq2serve import Seq2SeqEngine
+from seq2serve.runtime.bench.engine_bench import request_inputs
 from seq2serve.runtime.bench.shapes import write_shape
 from seq2serve.runtime.bench.workload import model_requests
 from seq2serve.runtime.config.model_config import ModelConfig
@@ -30,17 +35,16 @@ from seq2serve.runtime.config.model_config import ModelConfig
 def outputs(model_dir: str, reqs, args, disable_cuda_graph: bool) -> tuple[list, list]:
     """(greedy outputs with their top-2 log-probs, beam outputs or [])."""
     sampling = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
-    ids = [r.input_ids for r in reqs]
-    images = [[r.image] for r in reqs] if reqs[0].image is not None else None
+    inputs = request_inputs(reqs)
+    prompt_len = len(reqs[0].input_ids) if reqs[0].audio is not None else args.input_len
     with Seq2SeqEngine(model_path=model_dir, load_format="dummy", dtype=args.dtype,
                        max_running_requests=args.requests * args.num_beams,
-                       context_length=args.input_len + args.output_len + 8,
+                       context_length=prompt_len + args.output_len + 8,
                        disable_cuda_graph=disable_cuda_graph) as engine:
-        greedy = engine.generate(input_ids=ids, image_data=images, sampling_params=sampling,
+        greedy = engine.generate(**inputs, sampling_params=sampling,
                                  return_logprob=True, top_logprobs_num=2)
         beams = [] if args.num_beams == 1 else engine.generate(
-            input_ids=ids, image_data=images,
-            sampling_params={**sampling, "num_beams": args.num_beams})
+            **inputs, sampling_params={**sampling, "num_beams": args.num_beams})
     return greedy, beams
 
 

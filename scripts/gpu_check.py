@@ -21,18 +21,21 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
    the server / offline ratio printed (`benchmarks/serving_vs_offline.sh`; issue 38's full
    figures run it at 256 streams).
 5. `families`: issue 44's shapes in bf16 with random weights, `bart-large-cnn` (4 beams) and
-   `florence-2-large` (3 beams, a random 768x768 image a request):
-   `benchmarks/graphs_parity.py` (CUDA graphs on == off, token for token: the verdict) and
-   `bench offline --baseline hf` against HF `generate` at several batch sizes, default and
-   static cache (figures printed; best against best).
+   `florence-2-large` (3 beams, a random 768x768 image a request), and issue 43's
+   `whisper-large-v3` (greedy, 30 s clips; the encoder stage's TFLOP/s and share of the
+   measured bf16 matmul peak printed): `benchmarks/graphs_parity.py` (CUDA graphs on == off,
+   token for token: the verdict) and `bench offline --baseline hf` against HF `generate` at
+   several batch sizes, default and static cache (figures printed; best against best).
+   `--families whisper-large-v3` runs a subset.
 
 Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
 status is the number of failed parts. `--only tests,serve,bench,serving,families` runs a
 subset; the tests part alone has outgrown one 600 s call of a lent machine, so `--only
 tests-fast` (with GPU_CHECK_WORKERS=16) and `--only tests-slow` (GPU_CHECK_WORKERS=6) split it
 in two, and `serve` (~330 s), `bench` (~260 s) and `families` overrun one call together: run
-them apart. Write the output to a file under $OUT rather than through a pipe, so a call that
-times out still returns the verdicts printed so far.
+them apart (and with Whisper, `families` itself: `--families bart-large-cnn,florence-2-large`
+and `--families whisper-large-v3` in two calls). Write the output to a file under $OUT rather
+than through a pipe, so a call that times out still returns the verdicts printed so far.
 """
 
 from __future__ import annotations
@@ -292,34 +295,51 @@ def _bench_script(lines: list[str], script: str, *args: str, name: str = "") -> 
     return json.loads(out.read_text())
 
 
-# issue 44's shapes: (shape, beams, graphs parity workload, offline workload, HF batch sizes)
+# issue 44's shapes and issue 43's Whisper: (shape, beams of the graphs parity check, its
+# workload, beams of the offline bench, its workload, HF batch sizes)
 FAMILIES = [
     ("bart-large-cnn", 4, ["--requests", "32", "--input-len", "256", "--output-len", "32"],
-     ["--num-requests", "512", "--batch-sizes", "512", "--input-len", "512",
-      "--output-len", "128"], "128,256"),
+     4, ["--num-requests", "512", "--batch-sizes", "512", "--input-len", "512",
+         "--output-len", "128"], "128,256"),
     ("florence-2-large", 3, ["--requests", "16", "--input-len", "16", "--output-len", "32"],
-     ["--num-requests", "256", "--batch-sizes", "384", "--input-len", "16",
-      "--output-len", "64"], "32,128"),
+     3, ["--num-requests", "256", "--batch-sizes", "384", "--input-len", "16",
+         "--output-len", "64"], "32,128"),
+    # 30 s clips (the encoder's 1,500 positions) with Whisper's 4-token prompt, greedy as HF's
+    # Whisper generate decodes by default; 2 beams in the parity check. Estimated on one
+    # H100, not yet run: parity ~90 s (two engines of the 1.6B shape, 16 clips); the offline
+    # bench ~300 s: our engine ~60 s (start, graph capture up to 128 rows, a full warm-up on
+    # 128 clips, the timed 256), HF ~230 s (default at 64 and 128 ~25 s, static cache at
+    # each ~90 s, mostly compiling). HF's cross-attention cache is ~245 MB a clip in bf16
+    # (32 layers x 1,500 x 1,280 x 2 x 2 B): 128 clips ~31 GB, 256 would not leave room
+    # for its static cache and compile, so 128 is the largest batch tried. ~390 s for this
+    # family alone: with the two above, `--only families` overruns one 600 s call; run it
+    # as `--only families --families whisper-large-v3` in a call of its own.
+    ("whisper-large-v3", 2, ["--requests", "16", "--output-len", "32"],
+     1, ["--num-requests", "256", "--batch-sizes", "128", "--output-len", "64"], "64,128"),
 ]
 
 
-def check_families() -> bool:
+def check_families(names: list[str] | None = None) -> bool:
+    """`names`: the FAMILIES shapes to run (all by default)."""
     ok, lines = True, []
-    for shape, beams, parity, offline, hf_sizes in FAMILIES:
+    chosen = [f for f in FAMILIES if names is None or f[0] in names]
+    for shape, parity_beams, parity, beams, offline, hf_sizes in chosen:
         r = _bench_script(lines, "graphs_parity.py", "--shape", shape, "--num-beams",
-                          str(beams), *parity, name=f"_{shape}")
+                          str(parity_beams), *parity, name=f"_{shape}")
         if r is not None:
+            beam_line = (f"; {parity_beams} beams {r['beams_same']}/{r['requests']} equal, "
+                         f"scores within {r['max_beam_score_gap']:.4f}"
+                         if "beams_same" in r else "")
             lines.append(f"{shape} graphs on == off: greedy {r['greedy_same']}/{r['requests']}"
                          f" equal, the rest apart at near-ties (log-probs within "
-                         f"{r['max_logprob_gap']:.3f}); {beams} beams {r['beams_same']}/"
-                         f"{r['requests']} equal, scores within {r['max_beam_score_gap']:.4f}")
+                         f"{r['max_logprob_gap']:.3f}){beam_line}")
         out = LOGS / f"bench_{shape}.json"
         p = subprocess.run(_cli("bench", "offline", "--shape", shape, "--num-beams", str(beams),
                                 *offline, "--baseline", "hf", "--hf-batch-size", hf_sizes,
                                 "--json", str(out)),
                            cwd=ROOT, capture_output=True, text=True)
         lines += [f"{shape}: {ln}" for ln in p.stdout.splitlines()
-                  if ln.startswith(("seq2serve", "HF", "best against best"))]
+                  if ln.startswith(("seq2serve", "HF", "best against best", "encoder stage"))]
         if p.returncode:
             lines.append(f"{FAILED}{shape} bench offline: {p.stderr[-2000:]}")
     ok = ok and not any(line.startswith(FAILED) for line in lines)
@@ -346,6 +366,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="tests,serve,bench,serving,families")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--families", default=None,
+                        help="comma-separated FAMILIES shapes for the families part (default: "
+                             "all of them)")
     args = parser.parse_args()
     LOGS.mkdir(parents=True, exist_ok=True)
     (LOGS / "verdicts.txt").unlink(missing_ok=True)
@@ -361,7 +384,7 @@ def main() -> int:
     if "serving" in parts:
         results.append(check_serving())
     if "families" in parts:
-        results.append(check_families())
+        results.append(check_families(args.families.split(",") if args.families else None))
     failed = results.count(False)
     print(f"gpu check: {len(results) - failed} of {len(results)} parts passed", flush=True)
     return failed

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from seq2serve.runtime.tools.demo_checkpoint import vary_weights
-from seq2serve.tests.whisper_checkpoints import MERGES, _bytes_to_unicode
+from seq2serve.runtime.tools.whisper_tokenizer import MERGES, bytes_to_unicode
 
 SHAPES: dict[str, dict] = {
     "cnn": dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -40,7 +40,7 @@ def _tokenizer(out: Path):
     from transformers import BartTokenizer
 
     vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"])}
-    for ch in _bytes_to_unicode().values():
+    for ch in bytes_to_unicode().values():
         vocab[ch] = len(vocab)
     for merge in MERGES:
         vocab["".join(merge.split())] = len(vocab)

@@ -50,3 +50,85 @@ def test_florence_workload_is_hf_processor_input(tmp_path):
     assert (ids[:, :image_tokens] == info["image_token_id"]).all()
     assert ids[:, image_tokens:].tolist() == [r.input_ids for r in reqs]
     assert info["image_token_id"] < AutoConfig.from_pretrained(path).text_config.vocab_size
+
+
+def _tiny_whisper_shape(tmp_path, monkeypatch) -> str:
+    """whisper-large-v3's directory as write_shape makes it (its 51,866-id tokenizer, prompt,
+    suppressed tokens and feature extractor), with the layers shrunk and random weights saved
+    at a scale whose outputs vary with the audio: the same weights for the engine and HF."""
+    import torch
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+    from seq2serve.runtime.tools.demo_checkpoint import vary_weights
+
+    tiny = {**SHAPES["whisper-large-v3"], "d_model": 64, "encoder_layers": 2,
+            "decoder_layers": 2, "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4, "encoder_ffn_dim": 96, "decoder_ffn_dim": 128,
+            "max_target_positions": 48}
+    monkeypatch.setitem(SHAPES, "whisper-tiny-bench", tiny)
+    path = write_shape("whisper-tiny-bench", tmp_path / "whisper")
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(WhisperConfig.from_pretrained(str(path))).eval()
+    vary_weights(model, seed=3)
+    model.generation_config = GenerationConfig.from_pretrained(str(path))
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+def test_whisper_bench_offline_runs_against_hf_and_decodes_as_hf(tmp_path, monkeypatch):
+    """`bench offline` on a Whisper shape (shrunk; dummy weights, as --shape loads them), with
+    HF's baseline at two batch sizes: every clip decoded for exactly output_len tokens, HF
+    timed, the ratios and the encoder stage's FLOPs reported. Then the bench's own requests
+    (30 s clips, Whisper's prompt) and sampling through the engine give HF `generate`'s
+    greedy tokens on the same weights (the oracle of what the benchmark times)."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from seq2serve import Seq2SeqEngine
+    from seq2serve.runtime.bench.engine_bench import time_engine
+    from seq2serve.runtime.bench.hardware import whisper_encoder_flops
+    from seq2serve.runtime.bench.workload import audio_requests
+
+    path = _tiny_whisper_shape(tmp_path, monkeypatch)
+    n, out_len = 4, 6
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "-m", "seq2serve.runtime.cli", "bench", "offline",
+                        "--model-path", path, "--engine-args", '{"load_format": "dummy"}',
+                        "--device", "cpu", "--dtype", "float32", "--num-requests", str(n),
+                        "--output-len", str(out_len), "--batch-sizes", str(n), "--baseline",
+                        "hf", "--hf-modes", "default", "--hf-batch-size", "2,4",
+                        "--json", str(out)], check=False, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = json.loads(out.read_text())
+    (ours,) = results["seq2serve"]
+    assert ours["tokens"] == n * out_len and ours["tokens_per_s"] > 0
+    assert results["workload"]["input_len"] == 4  # Whisper's prompt: start, en, transcribe, ...
+    assert ours["encoder_inputs"] == n and ours["encoder_seconds"] > 0
+    flops = whisper_encoder_flops(ModelConfig.from_path(path).arch)
+    assert results["encoder_flops_per_clip"] == flops and flops["stage"] > flops["encoder"]
+    assert ours["encoder_tflops_per_s"] == pytest.approx(
+        n * flops["stage"] / ours["encoder_seconds"] / 1e12)
+    assert set(results["feature_extraction"]) == {"seq2serve", "hf"}
+    assert [h["batch_size"] for h in results["hf"]] == [2, 4]
+    for h in results["hf"]:
+        assert "error" not in h and h["tokens_per_s"] > 0
+        assert h["seq2serve_ratio"] == pytest.approx(ours["tokens_per_s"] / h["tokens_per_s"])
+    best = max(h["tokens_per_s"] for h in results["hf"])
+    assert results["best_ratios"]["HF default"] == pytest.approx(ours["tokens_per_s"] / best)
+
+    reqs = audio_requests(path, n)
+    assert reqs[0].input_ids == [50258, 50259, 50360, 50364]  # large-v3's ids
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32",
+                       max_running_requests=n, context_length=4 + out_len + 8) as engine:
+        got = time_engine(engine, reqs, out_len)["output_ids"]
+    hf = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    with torch.no_grad():
+        expected = hf.generate(**hf_inputs(path, reqs, "cpu"), max_new_tokens=out_len,
+                               min_new_tokens=out_len, do_sample=False)
+    assert got == expected[:, -out_len:].tolist()
+    assert len({tuple(t) for t in got}) >= 2, "outputs should differ by clip"

@@ -1,6 +1,7 @@
 """The bytes a decode step must read (the benchmarks' floor), counted against the HF model's
 own decoder weights: every linear of the decoder stack except the cross-attention K/V
-projections (they run once per input), plus the LM head."""
+projections (they run once per input), plus the LM head; and the FLOPs of Whisper's encoder
+stage (the GPU bench's share of the matmul peak), counted against HF's encoder modules."""
 
 from __future__ import annotations
 
@@ -32,3 +33,29 @@ def test_decoder_step_bytes_count_the_decoder_weights(tmp_path, family):
         path = str(write_bart_checkpoint(family, tmp_path / family))
     arch = ModelConfig.from_path(path).arch
     assert decoder_step_bytes(arch, 2) == 2 * _hf_step_weights(path)
+
+
+def test_whisper_encoder_flops_count_the_hf_encoders_weights(tmp_path):
+    """Whisper's encoder stage per 30 s window, counted against HF's modules: 2 FLOPs per
+    weight per position for every encoder linear (1,500 positions) and convolution (3,000
+    frames in, 1,500 out), the attention's two n x n products per layer, and the decoder's
+    cross-attention K/V projections of the encoder output."""
+    from transformers import WhisperForConditionalGeneration
+
+    from seq2serve.runtime.bench.hardware import whisper_encoder_flops
+    from seq2serve.tests.whisper_checkpoints import write_whisper_checkpoint
+
+    path = str(write_whisper_checkpoint("multilingual", tmp_path / "whisper"))
+    arch = ModelConfig.from_path(path).arch
+    model = WhisperForConditionalGeneration.from_pretrained(path)
+    encoder, decoder = model.model.encoder, model.model.decoder
+    n = arch.max_source_positions
+    linear = sum(m.weight.numel() for m in encoder.modules() if isinstance(m, torch.nn.Linear))
+    cross = sum(m.weight.numel() for name, m in decoder.named_modules()
+                if name.endswith(("encoder_attn.k_proj", "encoder_attn.v_proj")))
+    flops = whisper_encoder_flops(arch)
+    assert flops["encoder"] == (2 * n * linear + 2 * 2 * n * encoder.conv1.weight.numel()
+                                + 2 * n * encoder.conv2.weight.numel()
+                                + arch.encoder_layers * 2 * 2 * n * n * arch.d_model)
+    assert flops["cross_kv"] == 2 * n * cross
+    assert flops["stage"] == flops["encoder"] + flops["cross_kv"]

@@ -3,7 +3,7 @@
 Two shapes: a multilingual one (128 mel bins as large-v3, three languages, unequal head
 counts) and an English-only one (80 mel bins, `.en`'s prompt of start and no-timestamps
 only). Each vocabulary is the 256 byte-level symbols and a few merges, then Whisper's special
-tokens in Whisper's order; generation_config.json carries what HF's Whisper generate reads
+tokens in Whisper's order (runtime/tools/whisper_tokenizer.py); generation_config.json carries what HF's Whisper generate reads
 (lang_to_id, task_to_id, suppress_tokens, begin_suppress_tokens, ...), as the released
 checkpoints ship it. The encoder keeps Whisper's fixed 1,500 positions (30 s windows)."""
 
@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from seq2serve.runtime.tools.whisper_tokenizer import STAMPS, write_whisper_tokenizer
+
 LANGUAGES = ("en", "de", "fr")
 CONFIGS: dict[str, dict] = {
     "multilingual": {"d_model": 64, "encoder_attention_heads": 4, "decoder_attention_heads": 2,
@@ -25,27 +27,6 @@ CONFIGS: dict[str, dict] = {
                 "encoder_layers": 2, "decoder_layers": 1, "encoder_ffn_dim": 64,
                 "decoder_ffn_dim": 96, "num_mel_bins": 80, "max_target_positions": 48},
 }
-MERGES = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "e r", "o n", "Ġ s"]
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet (the one Whisper's tokenizer uses)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-def _specials(multilingual: bool) -> list[str]:
-    langs = [f"<|{c}|>" for c in LANGUAGES] if multilingual else []
-    return (["<|endoftext|>", "<|startoftranscript|>", *langs, "<|translate|>",
-             "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
-             "<|notimestamps|>"])
 
 
 def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0,
@@ -54,32 +35,17 @@ def write_whisper_checkpoint(kind: str, out: Path, seed: int = 0,
     (`<|0.00|>` to `<|30.00|>`, ordinary added tokens after the specials, as the released
     tokenizers have them); the multilingual one's generation_config.json caps the first
     timestamp (`max_initial_timestamp_index`), the English-only one's does not."""
-    from tokenizers import AddedToken
-    from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperTokenizer
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    out.mkdir(parents=True, exist_ok=True)
     multilingual = kind == "multilingual"
-    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
-    for merge in MERGES:
-        vocab["".join(merge.split())] = len(vocab)
-    specials = {tok: len(vocab) + i for i, tok in enumerate(_specials(multilingual))}
-    (out / "vocab.json").write_text(json.dumps(vocab))
-    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(MERGES) + "\n")
-    tok = WhisperTokenizer(str(out / "vocab.json"), str(out / "merges.txt"),
-                           bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                           unk_token="<|endoftext|>", pad_token="<|endoftext|>")
-    tok.add_tokens(list(specials), special_tokens=True)
-    assert tok.convert_tokens_to_ids(list(specials)) == list(specials.values())
-    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(1501)] if timestamps else []
-    if timestamps:  # the released tokenizers' specials (HF's offsets start after the last)
-        tok.add_special_tokens({"additional_special_tokens": list(specials)})
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in stamps])
-    tok.save_pretrained(out)
+    specials = write_whisper_tokenizer(out, LANGUAGES if multilingual else (), timestamps)
+    vocab = json.loads((out / "vocab.json").read_text())
+    stamps = STAMPS if timestamps else 0
     eot, sot = specials["<|endoftext|>"], specials["<|startoftranscript|>"]
     space = vocab["Ġ"]
     # suppressed: a few ordinary tokens too, so that the ban is visible in the outputs
     suppress = [vocab["!"], vocab["a"], specials["<|startofprev|>"], specials["<|nospeech|>"]]
-    cfg = WhisperConfig(vocab_size=len(vocab) + len(specials) + len(stamps),
+    cfg = WhisperConfig(vocab_size=len(vocab) + len(specials) + stamps,
                         max_source_positions=1500,
                         pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
                         decoder_start_token_id=sot, suppress_tokens=suppress,

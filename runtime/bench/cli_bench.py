@@ -27,10 +27,13 @@ def add_bench_parser(sub) -> None:
         p = sub.add_parser(name, help=doc)
         p.add_argument("--shape", help="a real model shape with random weights (mt5-large, "
                        "nllb-200-distilled-600m, opus-mt, bart-large-cnn, pegasus-large, "
-                       "umt5-base, t5gemma-2b-2b, ...)")
+                       "umt5-base, t5gemma-2b-2b, florence-2-large, whisper-large-v3, "
+                       "whisper-large-v3-turbo, ...)")
         p.add_argument("--model-path", help="or a model directory (real weights)")
         p.add_argument("--num-requests", type=int, default=1024)
-        p.add_argument("--input-len", type=int, default=128)
+        p.add_argument("--input-len", type=int, default=128,
+                       help="source tokens (a speech model's requests are 30 s clips with "
+                            "Whisper's 4-token prompt instead)")
         p.add_argument("--output-len", type=int, default=128)
         p.add_argument("--image-size", type=int, default=None,
                        help="random images of this size a side (default: Mllama's 1120 = "
@@ -99,7 +102,10 @@ def _requests(model_dir: str, args, n: int):
     from seq2serve.runtime.config.model_config import ModelConfig
 
     mc = ModelConfig.from_path(model_dir)
-    return mc, model_requests(mc, n, args.input_len, args.output_len, args.image_size)
+    reqs = model_requests(mc, n, args.input_len, args.output_len, args.image_size)
+    if reqs[0].audio is not None:  # the decoder's prompt is all its input length
+        args.input_len = len(reqs[0].input_ids)
+    return mc, reqs
 
 
 def _engine(model_dir: str, load: dict, args, concurrency: int):
@@ -114,16 +120,55 @@ def _engine(model_dir: str, load: dict, args, concurrency: int):
                          **load, **extra)
 
 
-def _hardware(mc, dtype_bytes: int) -> dict:
+def _hardware(mc, dtype_bytes: int, device: str | None = None) -> dict:
+    """On CUDA: the copy bandwidth and the weights a decode step reads; for a speech model
+    also the bf16 matmul peak its encoder stage is measured against."""
     import torch
 
-    from seq2serve.runtime.bench.hardware import copy_bandwidth, decoder_step_bytes
+    from seq2serve.runtime.bench.hardware import (
+        copy_bandwidth,
+        decoder_step_bytes,
+        matmul_peak_tflops,
+    )
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or (device or "cuda").startswith("cpu"):
         return {}
-    return {"device_name": torch.cuda.get_device_name(), "copy_bandwidth_gbs":
-            copy_bandwidth() / 1e9, "decoder_step_weight_bytes":
-            decoder_step_bytes(mc.arch, dtype_bytes)}
+    hw = {"device_name": torch.cuda.get_device_name(), "copy_bandwidth_gbs":
+          copy_bandwidth() / 1e9, "decoder_step_weight_bytes":
+          decoder_step_bytes(mc.arch, dtype_bytes)}
+    if mc.arch.frontend_info().get("has_audio"):
+        hw["matmul_peak_tflops"] = matmul_peak_tflops()
+    return hw
+
+
+def _audio_report(mc, results: dict) -> None:
+    """A speech model's encoder stage against the hardware: its FLOPs per 30 s clip
+    (`whisper_encoder_flops`), and per seq2serve run the stage's TFLOP/s over
+    `encoder_seconds` and their share of the measured bf16 matmul peak (CUDA); and where
+    each side computes the log-mel features."""
+    from seq2serve.runtime.bench.hardware import whisper_encoder_flops
+
+    flops = whisper_encoder_flops(mc.arch)
+    peak = results["hardware"].get("matmul_peak_tflops")
+    results["encoder_flops_per_clip"] = flops
+    results["feature_extraction"] = {
+        "seq2serve": "timed: the clips' samples go in (as transcribe and /v1/audio/* send "
+                     "them); the log-mel is computed on the model's device in the encoder "
+                     "stage (in encoder_seconds)",
+        "hf": "timed: WhisperFeatureExtractor(device=...) on each batch before generate"}
+    for r in results["seq2serve"]:
+        for run in [r, *r.get("runs", [])]:
+            if run.get("encoder_seconds"):
+                tflops = run["encoder_inputs"] * flops["stage"] / run["encoder_seconds"] / 1e12
+                run["encoder_tflops_per_s"] = tflops
+                if peak:
+                    run["encoder_share_of_peak"] = tflops / peak
+        if "encoder_tflops_per_s" in r:
+            share = (f", {r['encoder_share_of_peak']:.0%} of the bf16 matmul peak "
+                     f"({peak:.0f} TFLOP/s)" if peak else "")
+            print(f"encoder stage: {r['encoder_inputs']} clips x {flops['stage'] / 1e12:.2f} "
+                  f"TFLOP in {r['encoder_seconds']:.2f} s = {r['encoder_tflops_per_s']:.1f} "
+                  f"TFLOP/s{share}", flush=True)
 
 
 def _steps(r: dict) -> str:
@@ -144,11 +189,14 @@ def _offline(args) -> dict:
         model_dir, load = ensure_weights(model_dir), {}
     mc, reqs = _requests(model_dir, args, args.num_requests)
     results = {"workload": vars(args) | {"fn": None, "baseline": sorted(args.baseline)},
-               "hardware": _hardware(mc, 2), "seq2serve": [], "hf": []}
+               "hardware": _hardware(mc, 2, args.device), "seq2serve": [], "hf": []}
     if args.repeats > 1:
         from seq2serve.runtime.bench.interleaved import offline_repeated
 
-        return _report(offline_repeated(args, model_dir, load, reqs, results, _engine))
+        results = offline_repeated(args, model_dir, load, reqs, results, _engine)
+        if reqs[0].audio is not None:
+            _audio_report(mc, results)
+        return _report(results)
     outputs = None
     for c in [int(x) for x in args.batch_sizes.split(",")]:
         with _engine(model_dir, load, args, c) as engine:
@@ -164,6 +212,8 @@ def _offline(args) -> dict:
             print(f"KV bytes per request with {args.num_beams} beams: "
                   f"{r['kv_bytes_per_request'] / 2**20:.1f} MiB, "
                   f"{r['kv_ratio_to_greedy']:.2f}x a greedy request's", flush=True)
+    if reqs[0].audio is not None:
+        _audio_report(mc, results)
     sizes = args.hf_batch_size or [max(int(x) for x in args.batch_sizes.split(","))]
     if "hf" in args.baseline:
         results["hf"] = [r for size in sizes for r in _hf(model_dir, reqs, args, size)]
@@ -203,7 +253,7 @@ def _one_batch(args) -> dict:
         results["seq2serve"].append(r)
         print(f"seq2serve  batch {b:4d}: {r['ms_per_token']:.3f} ms/token, "
               f"TTFT {r['ttft_ms']:.1f} ms ({_steps(r)})", flush=True)
-    results["hardware"] = _hardware(mc, 2)
+    results["hardware"] = _hardware(mc, 2, args.device)
     hw = results["hardware"]
     if hw:
         floor_ms = hw["decoder_step_weight_bytes"] / (hw["copy_bandwidth_gbs"] * 1e9) * 1e3

@@ -18,43 +18,55 @@ def bench_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: i
     return time_engine(engine, reqs, output_len, num_beams)
 
 
-def _sampling(output_len: int, num_beams: int) -> dict:
-    return {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
-            "num_beams": num_beams}
+def _sampling(output_len: int, num_beams: int, reqs: list[BenchRequest]) -> dict:
+    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True,
+          "num_beams": num_beams}
+    if reqs[0].audio is not None:  # EOS never chosen, as HF's min_new_tokens bans it
+        sp["min_new_tokens"] = output_len
+    return sp
 
 
 def _images(reqs: list[BenchRequest]):
     return [[r.image] for r in reqs] if reqs[0].image is not None else None
 
 
+def request_inputs(reqs: list[BenchRequest], warm: bool = False) -> dict:
+    """`Seq2SeqEngine.generate`'s inputs for `reqs`: token ids (and images), or a speech
+    model's audio as `transcribe` and /v1/audio/transcriptions send it (16 kHz samples, the
+    log-mel computed on the model's device in the encoder stage, the decoder prompt).
+    `warm`: other audio of the same shapes (the samples negated), which no encoder cache
+    entry of the timed run's audio can serve."""
+    if reqs[0].audio is not None:
+        return {"audio_data": [-r.audio if warm else r.audio for r in reqs],
+                "decoder_input_ids": [r.input_ids for r in reqs]}
+    return {"input_ids": [r.input_ids for r in reqs], "image_data": _images(reqs)}
+
+
 def warm_engine(engine, reqs: list[BenchRequest], num_beams: int = 1,
                 full: tuple[int, int] | None = None) -> None:
     """Compile / allocate outside the timing, on other inputs: a few requests cut short, or
     with `full` = (requests, output_len) the workload's own shapes (the sources reversed,
-    their lengths kept), as the baselines warm up on a full batch (`bench offline`)."""
-    images = _images(reqs)
+    their lengths kept; a speech model's clips negated), as the baselines warm up on a full
+    batch (`bench offline`)."""
     count, output_len = full or (4, 4)
     warm = min(len(reqs), count)
-    if images is not None:
-        ids = [r.input_ids for r in reqs[:warm]]
+    if reqs[0].image is not None or reqs[0].audio is not None:
+        inputs = request_inputs(reqs[:warm], warm=True)
     elif full:
-        ids = [r.input_ids[::-1] for r in reqs[:warm]]
+        inputs = {"input_ids": [r.input_ids[::-1] for r in reqs[:warm]]}
     else:
-        ids = [r.input_ids[:8] + [1] for r in reqs[:warm]]
-    engine.generate(input_ids=ids, image_data=images[:warm] if images else None,
-                    sampling_params=_sampling(output_len, num_beams))
+        inputs = {"input_ids": [r.input_ids[:8] + [1] for r in reqs[:warm]]}
+    engine.generate(**inputs, sampling_params=_sampling(output_len, num_beams, reqs))
     engine.flush_cache()
 
 
 def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: int = 1) -> dict:
     """One timed run of `bench_engine` on a warm engine (a cache it leaves is flushed, so
     that the next run starts alike)."""
-    sp = _sampling(output_len, num_beams)
-    images = _images(reqs)
+    sp = _sampling(output_len, num_beams, reqs)
     before = engine.stats()
     start = time.perf_counter()
-    outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
-                           sampling_params=sp)
+    outs = engine.generate(**request_inputs(reqs), sampling_params=sp)
     elapsed = time.perf_counter() - start
     after = engine.stats()
     # the share of the time the scheduler waited for the device: near 1 means device-bound
@@ -64,8 +76,7 @@ def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: in
     steps = after["forwards"] - before["forwards"]
     kv = {"kv_bytes_per_request": _mean(o["meta_info"]["kv_bytes"] for o in outs)}
     if num_beams > 1:  # the same requests without beams, for the memory ratio
-        greedy = engine.generate(input_ids=[r.input_ids for r in reqs[:16]],
-                                 image_data=images[:16] if images else None,
+        greedy = engine.generate(**request_inputs(reqs[:16]),
                                  sampling_params={**sp, "num_beams": 1})
         kv["greedy_kv_bytes_per_request"] = _mean(o["meta_info"]["kv_bytes"] for o in greedy)
         kv["kv_ratio_to_greedy"] = kv["kv_bytes_per_request"] / kv["greedy_kv_bytes_per_request"]
@@ -74,6 +85,8 @@ def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: in
             "output_ids": [o["output_ids"] for o in outs],
             "decode_steps": steps, **_step_times(before, after, elapsed, steps),
             "encoder_seconds": after["encoder_seconds"] - before["encoder_seconds"],
+            # inputs the encoder ran on (not served from its cache): the encoder's FLOPs
+            "encoder_inputs": after["encoder_inputs"] - before["encoder_inputs"],
             "host_waiting_share": device_bound,
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
@@ -95,15 +108,12 @@ def _step_times(before: dict, after: dict, elapsed: float, steps: int) -> dict:
 
 def bench_one_batch(engine, reqs: list[BenchRequest], output_len: int) -> dict:
     """Latency of one batch: time to first token and per-token decode time."""
-    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
-    images = [[r.image] for r in reqs] if reqs[0].image is not None else None
-    engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
-                    sampling_params=sp)  # warm-up
+    sp = _sampling(output_len, 1, reqs)
+    engine.generate(**request_inputs(reqs, warm=True), sampling_params=sp)  # warm-up
     engine.flush_cache()
     before = engine.stats()
     start = time.perf_counter()
-    outs = engine.generate(input_ids=[r.input_ids for r in reqs], image_data=images,
-                           sampling_params=sp)
+    outs = engine.generate(**request_inputs(reqs), sampling_params=sp)
     elapsed = time.perf_counter() - start
     after = engine.stats()
     # the scheduler's clock: first token to last, over the tokens after the first

@@ -1,4 +1,5 @@
-"""What the hardware can do: measured copy bandwidth, and the bytes a decode step must move."""
+"""What the hardware can do: measured copy bandwidth and bf16 matmul peak; and what a model
+asks of it: the bytes a decode step must move, the FLOPs of Whisper's encoder stage."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from seq2serve.models.florence2.config import Florence2Config
 from seq2serve.models.mllama.config import MllamaConfig
 from seq2serve.models.mt5.config import T5Config
 from seq2serve.models.t5gemma.config import T5GemmaConfig
+from seq2serve.models.whisper.config import N_FRAMES, WhisperConfig
 
 
 def copy_bandwidth(device: str = "cuda", gib: float = 1.0, repeats: int = 20) -> float:
@@ -29,6 +31,41 @@ def copy_bandwidth(device: str = "cuda", gib: float = 1.0, repeats: int = 20) ->
     times.sort()
     del src, dst
     return 2 * n * 2 / times[len(times) // 2]
+
+
+def matmul_peak_tflops(sizes: tuple[int, ...] = (4096, 8192), device: str = "cuda") -> float:
+    """The best bf16 TFLOP/s of square matmuls of `sizes` (cuBLAS through torch, timed by
+    Triton's do_bench): the ceiling an encoder's share is measured against."""
+    from triton.testing import do_bench
+
+    best = 0.0
+    for n in sizes:
+        a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+        ms = do_bench(lambda: a @ b, warmup=50, rep=300)  # noqa: B023
+        best = max(best, 2 * n**3 / ms / 1e9)
+    torch.cuda.empty_cache()  # (an engine started next plans its pools from what is free)
+    return best
+
+
+def whisper_encoder_flops(arch: WhisperConfig) -> dict[str, float]:
+    """The matmul FLOPs of Whisper's encoder stage for one 30 s window (2 FLOPs a
+    multiply-add), with d = d_model, f = encoder_ffn_dim, m = num_mel_bins, n = 1,500
+    positions (3,000 log-mel frames through the stride-2 convolution), L = encoder layers:
+      conv front end  2 * 3000 * 3 * m * d  +  2 * 1500 * 3 * d * d   (kernel 3, as matmuls)
+      each layer      2 * n * (4 * d * d + 2 * d * f)   (q, k, v, out; fc1, fc2)
+                      + 4 * n * n * d                   (scores Q K^T and P V, all heads)
+      cross K/V       2 * n * 2 * d * d  per decoder layer (the stage projects the encoder
+                      output into each decoder layer's cross K/V once per window)
+    Not counted (not matmuls, or negligible): the STFT and the 201 x m mel filter matmul of
+    the log-mel, the norms, GELUs, softmax and position adds."""
+    d, f, m = arch.d_model, arch.encoder_ffn_dim, arch.num_mel_bins
+    n = arch.max_source_positions
+    conv = 2 * N_FRAMES * 3 * m * d + 2 * n * 3 * d * d
+    layer = 2 * n * (4 * d * d + 2 * d * f) + 4 * n * n * d
+    cross_kv = arch.decoder_layers * 2 * n * 2 * d * d
+    encoder = conv + arch.encoder_layers * layer
+    return {"conv_front_end": conv, "encoder_layers": arch.encoder_layers * layer,
+            "encoder": encoder, "cross_kv": cross_kv, "stage": encoder + cross_kv}
 
 
 def decoder_step_bytes(arch, dtype_bytes: int = 2) -> int:

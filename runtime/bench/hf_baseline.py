@@ -4,6 +4,7 @@ cache with the forward compiled, HF's fastest documented configuration)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -21,14 +22,17 @@ def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
         AutoModelForCausalLM,
         AutoModelForSeq2SeqLM,
         Florence2ForConditionalGeneration,
+        GenerationConfig,
         MllamaForConditionalGeneration,
+        WhisperForConditionalGeneration,
     )
 
     config = AutoConfig.from_pretrained(model_dir)
     kind = config.model_type
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     classes = {"mllama": MllamaForConditionalGeneration,
-               "florence2": Florence2ForConditionalGeneration}
+               "florence2": Florence2ForConditionalGeneration,
+               "whisper": WhisperForConditionalGeneration}
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -37,10 +41,17 @@ def load_hf_model(model_dir: str, dtype: torch.dtype, device: str = "cuda"):
                      else auto.from_config(config, dtype=dtype))
     finally:
         torch.set_default_dtype(previous)
+    if kind == "whisper":  # its prompt, language and suppression settings, as from_pretrained
+        model.generation_config = GenerationConfig.from_pretrained(model_dir)
     return model.eval()
 
 
-def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str) -> dict:
+def hf_inputs(model_dir: str, reqs: list[BenchRequest], device: str,
+              dtype: torch.dtype = torch.float32) -> dict:
+    """`generate`'s inputs for `reqs`, made as HF's processors make them (in the timed
+    region: `bench_hf` times them with the generation)."""
+    if reqs[0].audio is not None:
+        return _audio_inputs(model_dir, reqs, device, dtype)
     if reqs[0].image is not None and _config(model_dir)["model_type"] == "florence2":
         return _image_prompt_inputs(model_dir, reqs, device)
     ids = torch.tensor([r.input_ids for r in reqs], device=device)
@@ -81,6 +92,49 @@ def _image_prompt_inputs(model_dir: str, reqs: list[BenchRequest], device: str) 
             "pixel_values": pixels.to(device)}
 
 
+@functools.cache
+def _feature_extractor(model_dir: str):
+    """The directory's, or (none there, as the runtime reads such a directory) Whisper's
+    default for the model's mel bins."""
+    from transformers import WhisperFeatureExtractor
+
+    if (Path(model_dir) / "preprocessor_config.json").is_file():
+        return WhisperFeatureExtractor.from_pretrained(model_dir)
+    return WhisperFeatureExtractor(feature_size=_config(model_dir)["num_mel_bins"])
+
+
+def _audio_inputs(model_dir: str, reqs: list[BenchRequest], device: str,
+                  dtype: torch.dtype) -> dict:
+    """Whisper as HF's model card runs it: `WhisperFeatureExtractor`'s log-mel of the batch
+    (its torch path, on `device`), and the requests' decoder prompt as `decoder_input_ids`,
+    its language and task named too (HF then detects no language and suppresses from the
+    prompt's end, as the runtime does)."""
+    feats = _feature_extractor(model_dir)([r.audio for r in reqs], sampling_rate=16_000,
+                                          return_tensors="pt",
+                                          device=str(device)).input_features
+    prompt = reqs[0].input_ids
+    inputs = {"input_features": feats.to(device, dtype),
+              "decoder_input_ids": torch.tensor([r.input_ids for r in reqs], device=device)}
+    names = _prompt_names(model_dir)
+    if names is not None:  # a multilingual model's: its language and task tokens
+        languages, tasks = names
+        inputs.update(language=languages[prompt[1]], task=tasks[prompt[2]])
+    return inputs
+
+
+@functools.cache
+def _prompt_names(model_dir: str) -> tuple[dict[int, str], dict[int, str]] | None:
+    """Language code and task by token id (generation_config.json's), or None for an
+    English-only model."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig.from_pretrained(model_dir)
+    if not getattr(gen, "is_multilingual", False):
+        return None
+    return ({i: tok[2:-2] for tok, i in gen.lang_to_id.items()},
+            {i: task for task, i in gen.task_to_id.items()})
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -90,9 +144,11 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
              output_len: int, mode: str, max_batches: int | None = None,
              num_beams: int = 1, warmup: bool = True) -> dict:
     """Output tokens/s of `generate` over `reqs` in batches (timing `max_batches` batches and
-    the image preprocessing, if any, and extrapolating to all of them); `warmup=False` on a
-    model this already ran (`bench offline --repeats`) skips the untimed first batch."""
+    the image preprocessing or the audio's log-mel features, if any, and extrapolating to
+    all of them); `warmup=False` on a model this already ran (`bench offline --repeats`)
+    skips the untimed first batch."""
     device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
     if mode == "static":
         # generate compiles the decoding forward itself when the cache is static
         model.generation_config.cache_implementation = "static"
@@ -103,13 +159,13 @@ def bench_hf(model, model_dir: str, reqs: list[BenchRequest], batch_size: int,
     with torch.no_grad():
         t0 = time.perf_counter()
         if warmup:
-            model.generate(**hf_inputs(model_dir, batches[0], device), **gen)  # compile
+            model.generate(**hf_inputs(model_dir, batches[0], device, dtype), **gen)  # compile
             _sync(device)
         warmup_s = time.perf_counter() - t0
         timed = batches[1: 1 + (max_batches or len(batches))] or batches[:1]
         start = time.perf_counter()
         for b in tqdm(timed, desc=f"HF generate ({mode})", unit="batch", disable=None):
-            model.generate(**hf_inputs(model_dir, b, device), **gen)
+            model.generate(**hf_inputs(model_dir, b, device, dtype), **gen)
         _sync(device)
         elapsed = time.perf_counter() - start
     tokens = sum(len(b) for b in timed) * output_len

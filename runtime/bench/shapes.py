@@ -3,7 +3,10 @@ benchmarks, served with load_format="dummy" (random weights). The translation an
 summarization shapes, T5Gemma's and Florence-2's (NLLB, OPUS-MT, BART, Pegasus, T5Gemma,
 Florence-2) get T5's tokenizer: benchmarks send token ids, and every id it makes is in their
 vocabularies (Florence-2's prompts are sent without the image's placeholder tokens, which the
-runtime does not need and HF's baseline gets prepended)."""
+runtime does not need and HF's baseline gets prepended). Whisper's shapes get a Whisper
+tokenizer made here with the real vocabulary's 51,866 ids (each special and timestamp token
+at its real id: runtime/tools/whisper_tokenizer.py), the real generation_config.json's
+prompt and suppression settings, and the feature extractor's preprocessor_config.json."""
 
 from __future__ import annotations
 
@@ -16,11 +19,43 @@ from seq2serve.runtime.tools.demo_checkpoint import (
     MLLAMA_CHAT_TEMPLATE,
     T5_TOKENIZER,
 )
+from seq2serve.runtime.tools.whisper_tokenizer import write_whisper_tokenizer
 
 _T5 = dict(architectures=["MT5ForConditionalGeneration"], model_type="mt5",
            feed_forward_proj="gated-gelu", d_kv=64, relative_attention_num_buckets=32,
            relative_attention_max_distance=128, layer_norm_epsilon=1e-6,
            tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+
+# openai/whisper-large-v3's config.json (its ids: end of text 50257, start of transcript 50258,
+# 100 languages from 50259, translate 50359, transcribe 50360, no timestamps 50364, then the
+# 1,501 timestamps to 51865), less its num_hidden_layers: HF reads that key as encoder_layers,
+# so a copy with fewer encoder layers would get 32 back
+_WHISPER_LARGE_V3 = {
+    "architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper",
+    "vocab_size": 51866, "num_mel_bins": 128, "d_model": 1280, "encoder_layers": 32,
+    "decoder_layers": 32, "encoder_attention_heads": 20,
+    "decoder_attention_heads": 20, "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120,
+    "activation_function": "gelu", "max_source_positions": 1500, "max_target_positions": 448,
+    "scale_embedding": False, "tie_word_embeddings": True, "use_cache": True,
+    "pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50257,
+    "decoder_start_token_id": 50258, "begin_suppress_tokens": [220, 50257]}
+# its generation_config.json, less the timing-only alignment heads (lang_to_id added by
+# write_shape: every language token at its id)
+WHISPER_GENERATION = {
+    "decoder_start_token_id": 50258, "bos_token_id": 50257, "eos_token_id": 50257,
+    "pad_token_id": 50257, "is_multilingual": True, "no_timestamps_token_id": 50364,
+    "prev_sot_token_id": 50362, "max_initial_timestamp_index": 50, "max_length": 448,
+    "return_timestamps": False, "begin_suppress_tokens": [220, 50257],
+    "task_to_id": {"translate": 50359, "transcribe": 50360},
+    "suppress_tokens": [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63,
+                        90, 91, 92, 93, 359, 503, 522, 542, 873, 893, 902, 918, 922, 931, 1350,
+                        1853, 1982, 2460, 2627, 3246, 3253, 3268, 3536, 3846, 3961, 4183, 4667,
+                        6585, 6647, 7273, 9061, 9383, 10428, 10929, 11938, 12033, 12331, 12562,
+                        13793, 14157, 14635, 15265, 15618, 16553, 16604, 18362, 18956, 20075,
+                        21675, 22520, 26130, 26161, 26435, 28279, 29464, 31650, 32302, 32470,
+                        36865, 42863, 47425, 49870, 50254, 50258, 50359, 50360, 50361, 50362,
+                        50363]}
+WHISPER_TEXT_TOKENS = 50257  # the multilingual vocabulary's ordinary tokens (ids below EOT)
 
 SHAPES: dict[str, dict] = {
     # google/t5-small (the CPU comparisons with CTranslate2)
@@ -111,6 +146,9 @@ SHAPES: dict[str, dict] = {
                           "num_groups": [8, 16, 32, 64], "window_size": 12,
                           "projection_dim": 1024, "max_position_embeddings": 50,
                           "max_temporal_embeddings": 100}},
+    "whisper-large-v3": _WHISPER_LARGE_V3,
+    # openai/whisper-large-v3-turbo: the same encoder, a 4-layer decoder
+    "whisper-large-v3-turbo": {**_WHISPER_LARGE_V3, "decoder_layers": 4},
     "llama-3.2-1b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
         "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
@@ -177,6 +215,8 @@ def write_shape(name: str, out: str | Path) -> Path:
                            crop_size={"height": 768, "width": 768}, resample=3,
                            image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225],
                            image_seq_length=577).save_pretrained(str(out))
+    elif name.startswith("whisper"):
+        _write_whisper(out, SHAPES[name])
     elif name.startswith("llama"):
         for f in LLAMA3_TOKENIZER.iterdir():
             shutil.copy(f, out / f.name)
@@ -184,3 +224,22 @@ def write_shape(name: str, out: str | Path) -> Path:
         for f in T5_TOKENIZER.iterdir():
             shutil.copy(f, out / f.name)
     return out
+
+
+def _write_whisper(out: Path, cfg: dict) -> None:
+    """The tokenizer (every special token at the real model's id), generation_config.json and
+    the feature extractor's settings (128 mel bins for large-v3)."""
+    from transformers import WhisperFeatureExtractor
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    specials = write_whisper_tokenizer(out, tuple(LANGUAGES), timestamps=True,
+                                       text_tokens=WHISPER_TEXT_TOKENS)
+    gen = {**WHISPER_GENERATION,
+           "lang_to_id": {f"<|{c}|>": specials[f"<|{c}|>"] for c in LANGUAGES}}
+    for key in ("decoder_start_token_id", "no_timestamps_token_id", "prev_sot_token_id"):
+        assert gen[key] == specials[{"decoder_start_token_id": "<|startoftranscript|>",
+                                     "no_timestamps_token_id": "<|notimestamps|>",
+                                     "prev_sot_token_id": "<|startofprev|>"}[key]]
+    assert cfg["vocab_size"] == WHISPER_TEXT_TOKENS + len(specials) + 1501
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    WhisperFeatureExtractor(feature_size=cfg["num_mel_bins"]).save_pretrained(str(out))
