@@ -85,6 +85,16 @@ def test_streamed_answer_is_the_same(florence):
     assert all("parsed" not in c for c in chunks[:-1])
 
 
+def test_engine_chat_is_generate(florence):
+    """Seq2SeqEngine.chat: one user message with an image and a task token is that task."""
+    engine, *_ = florence
+    whole = engine.generate(prompt="<OD>", image_data=[IMAGE], sampling_params=SAMPLING)
+    chat = engine.chat([{"role": "user", "content": [{"type": "image", "image": IMAGE},
+                                                     {"type": "text", "text": "<OD>"}]}],
+                       sampling_params=SAMPLING)
+    assert (chat["text"], chat["parsed"]) == (whole["text"], whole["parsed"])
+
+
 def test_an_explicit_skip_special_tokens_is_obeyed(florence):
     engine, processor, *_ = florence
     skip = engine.generate(prompt="<OD>", image_data=[IMAGE],
@@ -117,34 +127,109 @@ def test_no_processor_no_parse(florence, tmp_path):
         "labels"] == ["car"]
 
 
-def test_generate_over_http(florence):
-    """POST /generate: `parsed` beside `text`, and on a stream's last event."""
+def _data_url(image: Image.Image) -> str:
     import base64
     import io
+
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def server(florence):
+    """`seq2serve serve` of the same checkpoint (one process for the HTTP tests below)."""
+    from seq2serve.tests.server_helpers import ServerProcess
+
+    srv = ServerProcess(florence[3])
+    srv.model = florence[3]  # the name the server answers to
+    try:
+        yield srv
+        assert srv.terminate() == 0, srv.output()
+    finally:
+        srv.kill()
+
+
+def test_generate_over_http(florence, server):
+    """POST /generate: `parsed` beside `text`, and on a stream's last event."""
     import json
 
     import httpx
 
-    from seq2serve.tests.server_helpers import ServerProcess
-
-    engine, _, _, path = florence
+    engine = florence[0]
     want = json.loads(json.dumps(engine.generate(prompt="<OD>", image_data=[IMAGE],
                                                  sampling_params=SAMPLING)))
-    png = io.BytesIO()
-    IMAGE.save(png, format="PNG")
-    image = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
-    srv = ServerProcess(path)
-    try:
-        body = {"text": "<OD>", "image_data": image, "sampling_params": SAMPLING}
-        got = httpx.post(srv.url + "/generate", json=body, timeout=60).json()
-        assert (got["text"], got["parsed"]) == (want["text"], want["parsed"])
-        with httpx.stream("POST", srv.url + "/generate", json={**body, "stream": True},
-                          timeout=60) as r:
-            events = [json.loads(line[6:]) for line in r.iter_lines()
-                      if line.startswith("data: {")]
-        assert events[-1]["text"] == want["text"]
-        assert events[-1]["parsed"] == want["parsed"]
-        assert all("parsed" not in e for e in events[:-1])
-        assert srv.terminate() == 0, srv.output()
-    finally:
-        srv.kill()
+    body = {"text": "<OD>", "image_data": _data_url(IMAGE), "sampling_params": SAMPLING}
+    got = httpx.post(server.url + "/generate", json=body, timeout=60).json()
+    assert (got["text"], got["parsed"]) == (want["text"], want["parsed"])
+    with httpx.stream("POST", server.url + "/generate", json={**body, "stream": True},
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert events[-1]["text"] == want["text"]
+    assert events[-1]["parsed"] == want["parsed"]
+    assert all("parsed" not in e for e in events[:-1])
+
+
+def _chat(server, text: str, **kw):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    content = [{"type": "image_url", "image_url": {"url": _data_url(IMAGE)}},
+               {"type": "text", "text": text}]
+    return client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": content}],
+        max_tokens=MAX_NEW, temperature=0, extra_body={"no_repeat_ngram_size": 3}, **kw)
+
+
+def test_chat_answers_as_hf(florence, server):
+    """/v1/chat/completions with the openai client: an image part and a task token answer as
+    HF's generate, decode and post_process_generation do (a caption, a region task), the
+    parse as `message.task_answer`; a stream's deltas add up to the same, the parse on the
+    last."""
+    _, processor, model, _ = florence
+    tok = processor.tokenizer
+    drop = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
+    for task in ("<CAPTION>", "<OD>"):
+        generated_ids = _hf(processor, model, task)
+        want = processor.batch_decode([[t for t in generated_ids[0].tolist() if t not in drop]],
+                                      skip_special_tokens=False)[0]
+        parsed = processor.post_process_generation(want, task=task, image_size=IMAGE.size)
+        got = _chat(server, task).choices[0].message
+        assert (got.content, got.task_answer) == (want, parsed), task
+    assert "<loc_" in want  # the region task's answer kept its location tokens
+    chunks = [c.choices[0].delta for c in _chat(server, "<OD>", stream=True) if c.choices]
+    assert "".join(d.content or "" for d in chunks) == want
+    extras = [d.model_extra.get("task_answer") for d in chunks]
+    assert extras[-1] == parsed and not any(extras[:-1])
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "IMAGE"}},
+                                   {"type": "image_url", "image_url": {"url": "IMAGE"}},
+                                   {"type": "text", "text": "<CAPTION>"}]}],
+     "one image per request: messages.0.content has 2 image parts"),
+    ([{"role": "user", "content": "<CAPTION>"}], "has 0 image parts"),
+    ([{"role": "system", "content": "be brief"},
+      {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "IMAGE"}},
+                                   {"type": "text", "text": "<CAPTION>"}]}],
+     "not a conversation: got a system message"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "IMAGE"}},
+                                   {"type": "text", "text": "<CAPTION>"}]},
+      {"role": "user", "content": "<OD>"}], "not a conversation: got 2 user messages"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "IMAGE"}}]}],
+     "has no text"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "IMAGE"}},
+                                   {"type": "text", "text": "<DESCRIBE>"}]}],
+     "unknown task token <DESCRIBE>"),
+])
+def test_chat_refuses_what_florence_cannot_answer(server, messages, message):
+    import json
+
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    messages = json.loads(json.dumps(messages).replace('"IMAGE"', json.dumps(_data_url(IMAGE))))
+    with pytest.raises(openai.BadRequestError, match=message) as e:
+        client.chat.completions.create(model=server.model, messages=messages, max_tokens=2)
+    assert e.value.status_code == 400

@@ -15,6 +15,7 @@ from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
 from seq2serve.runtime.frontend.document_translation import document_job
+from seq2serve.runtime.frontend.florence_chat import task_request
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     results_per_prompt,
@@ -302,8 +303,11 @@ class Seq2SeqEngine:
              stream: bool = False, user: str | None = None):
         """One chat turn: the chat template when the tokenizer has one, else a plain join.
         Content parts may carry images ({"type": "image", "image": ...} or OpenAI's
-        {"type": "image_url", ...})."""
-        prompt = chat_prompt(self.tokenizer_manager.tokenizer, messages)
+        {"type": "image_url", ...}). Florence-2: one user message with one image and a task
+        token, answered as generate(prompt=task, image_data=[image]) (`florence_chat.py`)."""
+        tm = self.tokenizer_manager
+        prompt = (task_request(messages, tm.info) if tm.info.get("image_prompt")
+                  else chat_prompt(tm.tokenizer, messages))
         return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
                              image_data=prompt.get("image_data") or None,
                              sampling_params=sampling_params, stream=stream, user=user)

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from seq2serve.runtime.frontend.document_translation import document_job
+from seq2serve.runtime.frontend.florence_chat import ChatTaskError, task_request
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.glossary import Glossary, request_glossary
 from seq2serve.runtime.frontend.openai_protocol import (
@@ -302,11 +303,13 @@ class OpenAIServing:
 
         def render() -> tuple[ToolUse, dict[str, Any]]:  # templates, maybe tokenizing
             tools = tool_use(body, self.tm.tokenizer, self.tm.info["architecture"])
+            if self.tm.info.get("image_prompt"):  # Florence-2: a task about an image
+                return tools, task_request(tools.messages, self.tm.info)
             return tools, chat_prompt(self.tm.tokenizer, tools.messages, tools.tools)
 
         try:
             tools, prompt = await asyncio.get_running_loop().run_in_executor(None, render)
-        except ToolRequestError as e:
+        except (ToolRequestError, ChatTaskError) as e:
             raise RequestError(str(e), param=e.param) from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         grammar, grammar_param = self.grammar(body)
@@ -328,7 +331,7 @@ class OpenAIServing:
         with self.grammar_errors(grammar_param):
             results = await self.collect(obj, request)
         outs = [tools.read(r["text"], _finish(r["meta_info"]["finish_reason"])) for r in results]
-        choices = [{"index": i, "message": message_of(out),
+        choices = [{"index": i, "message": _with_task_answer(message_of(out), r),
                     "logprobs": {"content": self._chat_logprobs(
                         r["meta_info"].get("output_token_logprobs", []),
                         r["meta_info"].get("output_top_logprobs", []))}
@@ -369,7 +372,8 @@ class OpenAIServing:
             chunk = first
             while chunk is not None:
                 finish = _finish(chunk["meta_info"]["finish_reason"])
-                choice = {"index": chunk["index"], "delta": {"content": chunk["text"]},
+                choice = {"index": chunk["index"],
+                          "delta": _with_task_answer({"content": chunk["text"]}, chunk),
                           "logprobs": None, "finish_reason": finish}
                 if body.logprobs:
                     pairs = list(zip(chunk.get("logprobs", []), chunk["output_ids"]))
@@ -481,6 +485,15 @@ class OpenAIServing:
         return {"id": rid, "object": "translation", "created": created, "model": self.model_name,
                 "data": [_translation_data(i, r, body) for i, r in enumerate(job.results(results))],
                 "usage": self._usage(results, body.alternatives or 1)}
+
+
+def _with_task_answer(message: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """A chat message (or a stream's last delta) with a Florence-2 task's parsed answer as
+    `task_answer` (what /generate calls `parsed`; not `parsed`, which the openai client's
+    `chat.completions.parse` fills with its structured output)."""
+    if "parsed" in result:
+        message["task_answer"] = result["parsed"]
+    return message
 
 
 def _translation_data(index: int, result: dict[str, Any], body: TranslationRequest

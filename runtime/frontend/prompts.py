@@ -39,7 +39,7 @@ def chat_prompt(tokenizer, messages: list[dict[str, Any]],
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"messages[{i}] must have 'role' and 'content'")
-        rendered.append({**m, "content": _parts(m["content"], i, images)})
+        rendered.append({**m, "content": content_parts(m["content"], i, images)})
     if getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(rendered, tools=tools, tokenize=False,
@@ -82,8 +82,9 @@ def role_markers(tokenizer) -> dict[str, tuple[str, str]]:
     return markers
 
 
-def _parts(content: Any, i: int, images: list) -> str | list[dict[str, Any]]:
-    """Normalize a message's content; image parts become {"type": "image"} placeholders."""
+def content_parts(content: Any, i: int, images: list) -> str | list[dict[str, Any]]:
+    """Normalize messages[i]'s content: its image parts' sources are appended to `images` and
+    become {"type": "image"} placeholders; a malformed part is a ValueError naming it."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
