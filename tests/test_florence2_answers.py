@@ -3,7 +3,8 @@ a tiny random checkpoint whose tokenizer has the answers' `<loc_*>` tokens (rand
 generate them often): the text keeps them as HF's `batch_decode(..., skip_special_tokens=False)`
 does, less BOS/EOS/pad, and `parsed` is HF's `post_process_generation` of it for the image's
 size; an explicit skip_special_tokens is obeyed; a checkpoint without a processor gets no
-parse."""
+parse. Over HTTP: /generate, and /v1/chat/completions with the openai client (the answer as
+HF's, the parse as `message.task_answer`, what Florence-2 cannot answer a 400 naming it)."""
 
 from __future__ import annotations
 
