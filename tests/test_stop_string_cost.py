@@ -52,10 +52,13 @@ def test_detokenizer_cost_does_not_grow_with_stop_length(tok):
     """Before: 16 stop strings of 10,000 characters made a token ~50x dearer."""
     ids = tok("one two three four five six seven eight nine ten " * 20,
               add_special_tokens=False).input_ids[:200]
-    short = min(_detokenize_seconds(tok, ids, ["zq"]) for _ in range(3))
     huge = [("xy" * 5000)[:-1] + str(i) for i in range(16)]
-    long = min(_detokenize_seconds(tok, ids, huge) for _ in range(3))
-    assert long < 3 * short + 0.01, (short, long)
+    # interleaved, the best of 7 each: a busy machine slows both alike (CI's two cores ran
+    # this beside other test processes; a 50x regression stays far past the bound)
+    times = [(_detokenize_seconds(tok, ids, ["zq"]), _detokenize_seconds(tok, ids, huge))
+             for _ in range(7)]
+    short, long = min(t for t, _ in times), min(t for _, t in times)
+    assert long < 5 * short + 0.02, (short, long)
 
 
 def _old_check(req: Req, decode) -> str | None:
