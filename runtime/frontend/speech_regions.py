@@ -3,7 +3,8 @@ model ships in the package), for `chunking_strategy` (`chunking_strategy.py`).
 
 It runs on the CPU, in the frontend's process, beside the audio decoding (off the event loop
 for HTTP: the default executor's threads), never on the GPU: one LSTM step per 32 ms frame
-(512 samples), about 2 s of one CPU core per minute of audio (docs/architecture.md). The
+(512 samples), about 1.5 s of one CPU core per minute of audio (an AMD EPYC core; 0.2 s
+more, once per thread, to load the model). The
 model keeps its LSTM state between calls, so each thread loads its own copy (0.2 s, once).
 
 Torch's intra-op threads are 1 while any detection runs (the process's count is put back
