@@ -1,15 +1,14 @@
-"""OpenAI's `chunking_strategy` (long audio cut at silences by Silero VAD) through the engine
-(text) and `/v1/audio/transcriptions` with the unmodified `openai` client (verbose_json), on
-tiny random multilingual Whisper checkpoints (tests/whisper_checkpoints.py; the endpoint's
-with timestamp tokens) in float32, 8 new tokens a decode (the tests' time). Oracles: Silero's
-own `get_speech_timestamps` for where the speech is (on speech-like synthetic audio,
-tests/speech_samples.py), HF `generate` on each window's samples for the text (joined) and
-the segments (moved on by the window's start); bad values are 400s naming the field; audio
-without speech has no text."""
+"""OpenAI's `chunking_strategy` (long audio cut at silences by Silero VAD): its values, the
+windows, and the engine's text, on a tiny random multilingual Whisper checkpoint
+(tests/whisper_checkpoints.py) in float32, 8 new tokens a decode (the tests' time). Oracles:
+Silero's own `get_speech_timestamps` for where the speech is (on speech-like synthetic audio,
+tests/speech_samples.py), HF `generate` on each window's samples for the text (joined); audio
+without speech has no text. The endpoint's side (the `openai` client, verbose_json, 400s
+naming the field) is in tests/test_audio_timestamps.py, on that file's server; its helpers
+(`clips`, `long_regions`, `hf_timed`) are here."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
@@ -18,10 +17,8 @@ from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.runtime.frontend.audio_chunks import Window, speech_windows
 from seq2serve.runtime.frontend.chunking_strategy import VadOptions, form_value, vad_options
 from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
-from seq2serve.tests.server_helpers import ServerProcess
 from seq2serve.tests.speech_samples import RATE, speech_and_silence
 from seq2serve.tests.test_audio_api import hf_text
-from seq2serve.tests.test_audio_timestamps import assert_close
 from seq2serve.tests.whisper_checkpoints import encoded, write_whisper_checkpoint
 
 pytest.importorskip("soundfile")
@@ -38,15 +35,12 @@ NEW = 8  # new tokens a decode
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """A plain multilingual checkpoint (text) and one with timestamp tokens (segments)."""
+    """A multilingual checkpoint without timestamp tokens (text)."""
     root = tmp_path_factory.mktemp("whisper-vad")
-    return {"plain": str(write_whisper_checkpoint("multilingual", root / "p", seed=5)),
-            "timed": str(write_whisper_checkpoint("multilingual", root / "t", seed=5,
-                                                  timestamps=True))}
+    return {"plain": str(write_whisper_checkpoint("multilingual", root / "p", seed=5))}
 
 
-@pytest.fixture(scope="module")
-def clips():
+def vad_clips() -> dict:
     """The clips as WAV bytes and the samples the server reads from them."""
     out = {}
     for name, layout in (("long", LONG), ("short", SHORT)):
@@ -56,13 +50,19 @@ def clips():
     return out
 
 
+def auto_regions(samples) -> list[tuple[int, int]]:
+    """Silero's own regions with "auto"'s settings (OpenAI's defaults)."""
+    return silero_regions(samples, threshold=0.5, speech_pad_ms=300, min_silence_duration_ms=500)
+
+
 @pytest.fixture(scope="module")
-def server(ckpt):
-    s = ServerProcess(ckpt["timed"], "--max-audio-seconds", "100")
-    try:
-        yield s
-    finally:
-        s.kill()
+def clips():
+    return vad_clips()
+
+
+@pytest.fixture(scope="module")
+def long_regions(clips):
+    return auto_regions(clips["long"][1])
 
 
 def silero_regions(samples, **kwargs) -> list[tuple[int, int]]:
@@ -135,13 +135,12 @@ def test_chunking_strategy_values():
             vad_options(bad)
 
 
-def test_windows_are_cut_where_silero_says(clips):
+def test_windows_are_cut_where_silero_says(clips, long_regions):
     """The job's windows: Silero's regions (its own call, the mapped settings) joined as the
     clip was laid out (the first two in one window, the third past 30 s in its own); with
     other server_vad settings, Silero's regions for those."""
     _, samples = clips["long"]
-    regions = silero_regions(samples, threshold=0.5, speech_pad_ms=300,
-                             min_silence_duration_ms=500)
+    regions = long_regions
     assert len(regions) == 3, regions
     assert regions[0][0] < 0.5 * RATE < regions[0][1] < 4 * RATE < regions[1][0]
     assert regions[1][1] < 5.6 * RATE + 0.3 * RATE and regions[2][0] > 30 * RATE
@@ -158,15 +157,14 @@ def test_windows_are_cut_where_silero_says(clips):
     assert job.spans == (Window(start, end, 0, 0),) and start > 1.4 * RATE
 
 
-def test_the_engine(ckpt, clips):
+def test_the_engine(ckpt, clips, long_regions):
     """Seq2SeqEngine.transcribe(chunking_strategy="auto"): HF's text of each window, joined;
     no speech: no text, no window, nothing decoded (no language to detect either)."""
     from seq2serve.runtime.frontend.engine import Seq2SeqEngine
 
     path = ckpt["plain"]
     wav, samples = clips["long"]
-    windows = speech_windows(silero_regions(samples, threshold=0.5, speech_pad_ms=300,
-                                            min_silence_duration_ms=500))
+    windows = speech_windows(long_regions)
     with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32",
                        max_audio_seconds=100) as engine:
         got = engine.transcribe(wav, language="de", chunking_strategy="auto",
@@ -179,56 +177,3 @@ def test_the_engine(ckpt, clips):
     assert got["meta_info"]["windows"] == 2 and got["meta_info"]["completion_tokens"] == 2 * NEW
     assert silent["text"] == "" and silent["meta_info"]["windows"] == 0
     assert silent["meta_info"]["completion_tokens"] == 0
-
-
-def test_the_endpoint_with_the_openai_client(ckpt, clips, server):
-    """chunking_strategy="auto" and a server_vad object as the openai client sends them (the
-    object as bracketed form fields), verbose_json: HF's default generate with timestamps on
-    each of Silero's windows, the texts joined and the segments moved on by the window's
-    start; no speech: no text, no segments."""
-    path = ckpt["timed"]
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    wav, samples = clips["long"]
-    windows = speech_windows(silero_regions(samples, threshold=0.5, speech_pad_ms=300,
-                                            min_silence_duration_ms=500))
-    got = c.audio.transcriptions.create(model=path, file=("long.wav", wav), language="de",
-                                        chunking_strategy="auto",
-                                        response_format="verbose_json",
-                                        extra_body={"max_tokens": NEW})
-    text, want = hf_timed(path, samples, windows)
-    assert got.text == text and len(want) >= 2 and want[-1][0] > 30
-    assert_close([(s.start, s.end, s.text) for s in got.segments], want)
-    short_wav, short = clips["short"]
-    [(start, end)] = silero_regions(short, threshold=0.7, speech_pad_ms=100,
-                                    min_silence_duration_ms=200)
-    vad = {"type": "server_vad", "threshold": 0.7, "prefix_padding_ms": 100,
-           "silence_duration_ms": 200}
-    got = c.audio.transcriptions.create(model=path, file=("short.wav", short_wav),
-                                        language="de", chunking_strategy=vad,
-                                        response_format="verbose_json",
-                                        extra_body={"max_tokens": NEW})
-    text, want = hf_timed(path, short, [Window(start, end, 0, 0)])
-    assert got.text == text and got.duration == 4.5
-    assert_close([(s.start, s.end, s.text) for s in got.segments], want)
-    assert want and want[0][0] >= round(start / RATE, 3) > 1.4
-    silent = c.audio.transcriptions.create(model=path, file=("s.wav", clips["silent"][0]),
-                                           chunking_strategy="auto",
-                                           response_format="verbose_json")
-    assert silent.text == "" and silent.segments == []
-
-
-@pytest.mark.parametrize("fields, named", [
-    ({"chunking_strategy": "sometimes"}, 'must be "auto" or a server_vad object'),
-    ({"chunking_strategy": '{"type": "client_vad"}'}, 'type must be "server_vad"'),
-    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "loud"},
-     "threshold must be a number"),
-    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "1.5"},
-     "threshold must be in (0, 1)"),
-    ({"chunking_strategy": "auto", "chunk_length_s": "20"}, "give one or the other"),
-])
-def test_bad_values_are_named(server, clips, fields, named):
-    r = httpx.post(server.url + "/v1/audio/transcriptions", data={"language": "de", **fields},
-                   files={"file": ("a.wav", clips["silent"][0])}, timeout=30)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert named in error["message"] and error["param"] == "chunking_strategy", r.text
