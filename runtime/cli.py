@@ -124,7 +124,8 @@ def _cmd_transcribe(ns: argparse.Namespace) -> int:
                                         chunk_length_s=ns.chunk_length_s,
                                         stride_length_s=ns.stride_length_s,
                                         return_timestamps=timed,
-                                        force_unique_generate_call=ns.force_unique_generate_call)
+                                        force_unique_generate_call=ns.force_unique_generate_call,
+                                        chunking_strategy=ns.chunking_strategy)
             if fmt in TIMESTAMP_FORMATS:
                 whisper = engine.tokenizer_manager.whisper_prompt
                 body, _ = formatted(out, fmt, task=ns.task,
@@ -226,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--stride-length-s", type=float, default=None,
                    help="what each window shares with each neighbour, in seconds (default: a "
                         "sixth of the chunk)")
+    t.add_argument("--chunking-strategy", default=None,
+                   help='cut long audio at silences (Silero VAD) instead of fixed windows: '
+                        '"auto", or OpenAI\'s server_vad object as JSON ({"type": '
+                        '"server_vad", "threshold": 0.5, "prefix_padding_ms": 300, '
+                        '"silence_duration_ms": 500})')
     t.add_argument("--json", action="store_true", help="print one JSON object per file")
     t.add_argument("--timestamps", action="store_true",
                    help="decode with Whisper's timestamps: a line per segment (long "

@@ -4,7 +4,9 @@ engine and the command line, on tiny random checkpoints with timestamp tokens
 HF's for one window (its default `generate(return_timestamps=True)`: the window decoded again
 from its last complete segment, its `sequences` and `segments`; with
 `force_unique_generate_call` the tokens of one call, cut into segments by HF's tokenizer,
-`decode(..., output_offsets=True)`); bad values are 400s naming the field."""
+`decode(..., output_offsets=True)`); bad values are 400s naming the field. With
+`chunking_strategy` (Silero VAD's windows, tests/test_audio_vad.py) the segments are HF's of
+each window moved on by its start."""
 
 from __future__ import annotations
 
@@ -182,6 +184,16 @@ def test_translations_and_a_detected_language(ckpt, server):
     ({"response_format": "verbose_json", "timestamp_granularities[]": "line"},
      "timestamp_granularities[]", "is not one of segment, word"),
     ({"response_format": "srt", "stream": "true"}, "stream", "stream is not supported"),
+    ({"chunking_strategy": "sometimes"}, "chunking_strategy",
+     'must be "auto" or a server_vad object'),
+    ({"chunking_strategy": '{"type": "client_vad"}'}, "chunking_strategy",
+     'type must be "server_vad"'),
+    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "loud"},
+     "chunking_strategy", "threshold must be a number"),
+    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "1.5"},
+     "chunking_strategy", "threshold must be in (0, 1)"),
+    ({"chunking_strategy": "auto", "chunk_length_s": "20"}, "chunking_strategy",
+     "give one or the other"),
 ])
 def test_bad_values_are_named(server, fields, param, named):
     files = {"file": ("a.wav", encoded(clip(1), 16_000, "WAV"))}
@@ -327,3 +339,49 @@ def test_long_audio_through_the_endpoint(ckpt, server):
                    data={"language": "de", "response_format": "srt", "stream": "true"},
                    files={"file": ("long.ogg", ogg)})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
+
+
+def test_chunking_strategy_through_the_endpoint(ckpt, server):
+    """chunking_strategy="auto" and a server_vad object as the openai client sends them (the
+    object as bracketed form fields), verbose_json: HF's default generate with timestamps on
+    each of Silero's windows, the texts joined and the segments moved on by the window's
+    start; no speech: no text, no segments (tests/test_audio_vad.py has the rest)."""
+    pytest.importorskip("silero_vad")
+    from seq2serve.runtime.frontend.audio_chunks import Window, speech_windows
+    from seq2serve.tests.test_audio_vad import (
+        NEW,
+        RATE,
+        auto_regions,
+        hf_timed,
+        silero_regions,
+        vad_clips,
+    )
+
+    path, clips = ckpt["multilingual"], vad_clips()
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    wav, samples = clips["long"]
+    windows = speech_windows(auto_regions(samples))
+    got = c.audio.transcriptions.create(model=path, file=("long.wav", wav), language="de",
+                                        chunking_strategy="auto",
+                                        response_format="verbose_json",
+                                        extra_body={"max_tokens": NEW})
+    text, want = hf_timed(path, samples, windows)
+    assert got.text == text and len(want) >= 2 and want[-1][0] > 30
+    assert_close([(s.start, s.end, s.text) for s in got.segments], want)
+    short_wav, short = clips["short"]
+    [(start, end)] = silero_regions(short, threshold=0.7, speech_pad_ms=100,
+                                    min_silence_duration_ms=200)
+    vad = {"type": "server_vad", "threshold": 0.7, "prefix_padding_ms": 100,
+           "silence_duration_ms": 200}
+    got = c.audio.transcriptions.create(model=path, file=("short.wav", short_wav),
+                                        language="de", chunking_strategy=vad,
+                                        response_format="verbose_json",
+                                        extra_body={"max_tokens": NEW})
+    text, want = hf_timed(path, short, [Window(start, end, 0, 0)])
+    assert got.text == text and got.duration == 4.5
+    assert_close([(s.start, s.end, s.text) for s in got.segments], want)
+    assert want and want[0][0] >= round(start / RATE, 3) > 1.4
+    silent = c.audio.transcriptions.create(model=path, file=("s.wav", clips["silent"][0]),
+                                           chunking_strategy="auto",
+                                           response_format="verbose_json")
+    assert silent.text == "" and silent.segments == []

@@ -2,7 +2,8 @@
 HF's ASR pipeline's chunking (`pipeline(..., chunk_length_s=30, stride_length_s=5)`: its
 `chunk_iter`) and its merge without timestamps (`_decode_asr` over the windows' text tokens,
 `_find_longest_common_sequence`); other chunk lengths and strides (`chunking`) as the
-pipeline takes them. Pure functions of sample counts and token ids; no model.
+pipeline takes them; or windows cut at silences from speech regions (`speech_windows`,
+`chunking_strategy`). Pure functions of sample counts and token ids; no model.
 
 Consecutive windows overlap by the two strides (10 s by default): each starts 20 s after the
 one before. The merge slides each window's tokens over what came before, takes the offset
@@ -52,6 +53,32 @@ def windows(num_samples: int, chunk: int = CHUNK_SAMPLES, stride_left: int = STR
             out.append(window)
         if is_last:
             break
+    return out
+
+
+def speech_windows(regions: Sequence[tuple[int, int]],
+                   chunk: int = CHUNK_SAMPLES) -> list[Window]:
+    """Windows of at most `chunk` samples cut at silences (`chunking_strategy`): consecutive
+    speech regions ([start, end) samples, in order, not overlapping, as a voice-activity
+    detector gives them) joined while the span from the first one's start to the last one's
+    end fits in a window (the silences between them stay in; those between windows are left
+    out, as the audio before the first region and after the last). No strides: each window's
+    text stands alone. A region longer than a window (the detector cuts them at 30 s) is cut
+    every `chunk` samples."""
+    out: list[Window] = []
+    start = end = -1
+    for s, e in regions:
+        if start >= 0 and e - start <= chunk:
+            end = e
+            continue
+        if start >= 0:
+            out.append(Window(start, end, 0, 0))
+        while e - s > chunk:
+            out.append(Window(s, s + chunk, 0, 0))
+            s += chunk
+        start, end = s, e
+    if start >= 0:
+        out.append(Window(start, end, 0, 0))
     return out
 
 

@@ -11,8 +11,8 @@ extensions `num_beams` / `beam_size` (beam search), `max_tokens` (default: what 
 decoder's positions leave after the prompt) and `force_unique_generate_call` (below).
 `/translations` is Whisper's translate task (to English). `prompt` is text before the
 audio's, as HF's `prompt_ids` (`<|startofprev|>` and its tokens before the forced ones).
-OpenAI fields this server does not implement yet (`include[]`, `chunking_strategy`, word
-timestamps) are refused naming the field; other fields are ignored, as OpenAI-compatible
+OpenAI fields this server does not implement yet (`include[]`, word timestamps) are refused
+naming the field; other fields are ignored, as OpenAI-compatible
 servers do. Timestamps are decoded with Whisper's timestamp rules as HF's
 `generate(return_timestamps=True)` decodes a window: by default again from its last complete
 segment while a decode ends mid-segment (HF's default, `whisper_seek.py`), once with the
@@ -27,6 +27,10 @@ same prompt (a missing language detected on the first window) and merged as the 
 merges them (`transcription_job.py`). Its stream is one delta, the merged text, once every
 window is done (a window's text is final only when the next one is merged in, and the
 windows decode side by side, ending about together); `max_tokens` is each window's.
+OpenAI's `chunking_strategy` ("auto", or a server_vad object: as JSON text or as the
+`openai` client's `chunking_strategy[key]` fields; `chunking_strategy.py`) cuts the audio
+at silences instead (Silero VAD, `speech_regions.py`): windows of at most 30 s, their texts
+joined; audio without speech is answered with no text and nothing decoded.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from seq2serve.runtime.frontend.audio_chunks import chunking
+from seq2serve.runtime.frontend.chunking_strategy import (
+    FIELD,
+    VadOptions,
+    form_value,
+    vad_options,
+)
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput
 from seq2serve.runtime.frontend.openai_serving import (
     OpenAIServing,
@@ -59,9 +69,6 @@ GRANULARITIES = ("timestamp_granularities[]", "timestamp_granularities")  # (eit
 # OpenAI's fields that ask for what is not built yet (issue 43): refused when given
 NOT_YET = {
     "include[]": "token log-probs of transcriptions are not built yet",
-    "chunking_strategy": "long audio is cut into fixed windows (HF's pipeline's: 30 s with "
-                         "5 s strides, or chunk_length_s and stride_length_s); voice-activity "
-                         "chunking is not built",
 }
 
 
@@ -125,8 +132,13 @@ class AudioServing:
             raise RequestError(f"the audio file is {len(data)} bytes, over the limit of "
                                f"{limit} (--max-audio-bytes)", status=413, param="file")
         chunk_s = _number(form, "chunk_length_s", float)
-        chunk_s = 30.0 if chunk_s is None else chunk_s
         stride_s = _number(form, "stride_length_s", float)
+        vad = _chunking_strategy(form)
+        if vad is not None and (chunk_s is not None or stride_s is not None):
+            raise RequestError(f"{FIELD} cuts the audio at silences; chunk_length_s and "
+                               f"stride_length_s choose fixed windows: give one or the other",
+                               param=FIELD)
+        chunk_s = 30.0 if chunk_s is None else chunk_s
         for name, stride in (("chunk_length_s", None), ("stride_length_s", stride_s)):
             try:  # the chunk alone, then with its strides
                 chunking(chunk_s, stride)
@@ -135,18 +147,20 @@ class AudioServing:
         try:  # decoding is CPU work: off the event loop
             job = await asyncio.get_running_loop().run_in_executor(
                 None, TranscriptionJob.of, data, self.tm.audio_limits, self.tm.media_policy,
-                chunk_s, stride_s)
+                chunk_s, stride_s, vad)
         except ValueError as e:
             raise RequestError(str(e), param="file") from None
         detected_language = None
-        if language is None and whisper.is_multilingual:  # HF's generate detects it
+        if language is None and whisper.is_multilingual and job.windows:  # as HF's generate
             obj, codes = detection_request(whisper, job.detection_audio, user)
             language, _ = detected(await self.serving.collect(obj, request), codes)
             detected_language = language
         try:
             decoder_ids = whisper.tokens(language, task, timestamps=timestamps)
         except ValueError as e:
-            raise RequestError(str(e), param="language") from None
+            if job.windows:
+                raise RequestError(str(e), param="language") from None
+            decoder_ids = []  # no speech: nothing is decoded, no language detected
         previous = _text(form, "prompt")
         if previous is not None:  # the text before this audio, as HF's prompt_ids
             try:
@@ -175,7 +189,7 @@ class AudioServing:
             raise RequestError(str(e), param="num_beams") from None
         objs = job.requests(decoder_ids, sp, self.tm.limits.max_batch_inputs,
                             stream=stream and not job.is_long, user=user)
-        if stream and not job.is_long:
+        if stream and not job.is_long and objs:
             return await self._stream(objs[0])
         results = await _collect_all(self.serving, objs, request)
         again = (job.redecoding(results, whisper, self.tm.tokenizer.eos_token_id)
@@ -209,6 +223,21 @@ class AudioServing:
             yield "data: [DONE]\n\n"
 
         return sse_response(events())
+
+
+def _chunking_strategy(form) -> VadOptions | None:
+    """OpenAI's `chunking_strategy`: one text field ("auto" or a JSON object), or the
+    `chunking_strategy[key]` fields the `openai` client sends an object as; None without."""
+    fields = {}
+    for name, value in form.multi_items():
+        if name == FIELD or name.startswith(f"{FIELD}["):
+            if isinstance(value, UploadFile):
+                raise RequestError(f"{name} must be a text field, not a file", param=FIELD)
+            fields[name] = value
+    try:
+        return vad_options(form_value(fields))
+    except ValueError as e:
+        raise RequestError(str(e), param=FIELD) from None
 
 
 def _check_granularities(form, fmt: str) -> None:

@@ -148,7 +148,8 @@ class Seq2SeqEngine:
                    chunk_length_s: float = 30.0,
                    stride_length_s: float | None = None,
                    return_timestamps: bool = False,
-                   force_unique_generate_call: bool = False) -> dict[str, Any]:
+                   force_unique_generate_call: bool = False,
+                   chunking_strategy: Any = None) -> dict[str, Any]:
         """A speech model's text for one audio (a WAV/FLAC/OGG/MP3 file's bytes, a path, or
         16 kHz samples; up to `max_audio_seconds`), as `/v1/audio/transcriptions` answers it:
         {"text", "output_ids", "meta_info"}. Audio longer than 30 s is cut into HF's
@@ -171,7 +172,13 @@ class Seq2SeqEngine:
         default generate decodes it: again from its last complete segment while a decode
         ends mid-segment (`whisper_seek.py`; a short clip's "output_ids" are HF's
         `sequences`, the decodes' tokens end to end; `meta_info["decodes"]` counts them);
-        `force_unique_generate_call` (HF's name) decodes each window once."""
+        `force_unique_generate_call` (HF's name) decodes each window once.
+        `chunking_strategy` (OpenAI's: "auto" or {"type": "server_vad", "threshold",
+        "prefix_padding_ms", "silence_duration_ms"}) cuts the audio at the silences Silero VAD
+        finds instead: windows of at most 30 s, the silence between them skipped, their texts
+        joined and their segments moved on by their starts (`meta_info["windows"]`: 0 and
+        "text" "" for audio without speech, nothing decoded)."""
+        from seq2serve.runtime.frontend.chunking_strategy import vad_options
         from seq2serve.runtime.frontend.transcription_job import TranscriptionJob
         from seq2serve.runtime.frontend.whisper_language import detected, detection_request
 
@@ -184,13 +191,18 @@ class Seq2SeqEngine:
             whisper.tokens(language, task)  # a bad language or task: named before decoding
         if return_timestamps:
             whisper.check_timestamps("return_timestamps")
+        vad = vad_options(chunking_strategy)
+        if vad is not None and (chunk_length_s != 30.0 or stride_length_s is not None):
+            raise ValueError("chunking_strategy cuts the audio at silences; chunk_length_s and "
+                             "stride_length_s choose fixed windows: give one or the other")
         job = TranscriptionJob.of(audio, tm.audio_limits, tm.media_policy, chunk_length_s,
-                                  stride_length_s)
+                                  stride_length_s, vad)
         scores = None
-        if language is None and whisper.is_multilingual:
+        if language is None and whisper.is_multilingual and job.windows:
             obj, codes = detection_request(whisper, job.detection_audio)
             language, scores = detected(self._call(_collect_all(tm, [obj])), codes)
-        forced = whisper.tokens(language, task, timestamps=return_timestamps)
+        forced = (whisper.tokens(language, task, timestamps=return_timestamps)
+                  if job.windows else [])  # no speech: nothing to decode
         if prompt is not None:
             forced = whisper.previous_ids(tm.tokenizer, prompt) + forced
         sp = {"max_new_tokens": whisper.max_target_positions - len(forced),

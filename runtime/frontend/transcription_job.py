@@ -18,6 +18,12 @@ sequential loop, requests with `audio_seek`), or decoded once
 pipeline calls that generate for each window) and the windows are merged with them as HF's
 pipeline merges them with `return_timestamps=True` (`timed_merge.py`: its text and its
 `chunks`).
+
+With a `chunking_strategy` (`chunking_strategy.py`) the windows are cut at silences instead:
+Silero VAD's speech regions (`speech_regions.py`) joined into windows of at most 30 s
+(`audio_chunks.speech_windows`), the silence between windows left out. They share nothing, so
+their texts are joined, not merged (`joined`), and each window's segments are its own moved
+on by the window's start; a clip without speech has no windows, no requests and no text.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from seq2serve.runtime.frontend.audio_chunks import (
     Window,
     chunking,
     merge_tokens,
+    speech_windows,
     text_tokens,
     windows,
 )
+from seq2serve.runtime.frontend.chunking_strategy import VadOptions
 from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_rows
 from seq2serve.runtime.frontend.timed_merge import TimedWindow, merge_timed
 from seq2serve.runtime.frontend.timestamp_segments import segments, text_ids
@@ -49,19 +57,27 @@ class TranscriptionJob:
     windows: list[np.ndarray]  # each window's 16 kHz samples, in order (one: <= 30 s)
     num_samples: int = 0  # the whole audio's
     spans: tuple[Window, ...] = ()  # where each window lies (its samples and strides)
+    joined: bool = False  # cut at silences (chunking_strategy): texts joined, not merged
 
     @classmethod
     def of(cls, audio: Any, limits: AudioLimits, policy: MediaPolicy,
-           chunk_length_s: float = 30.0,
-           stride_length_s: float | None = None) -> TranscriptionJob:
+           chunk_length_s: float = 30.0, stride_length_s: float | None = None,
+           vad: VadOptions | None = None) -> TranscriptionJob:
         """The caller's audio (file bytes, a path, or 16 kHz samples) decoded and cut (by
         default 30 s windows with 5 s strides; HF's pipeline's `chunk_length_s` and
-        `stride_length_s` otherwise); a ValueError naming the problem (undecodable, empty,
+        `stride_length_s` otherwise; with `vad`, windows of at most 30 s cut at the
+        silences Silero VAD finds); a ValueError naming the problem (undecodable, empty,
         over a limit, a chunking that does not fit a window)."""
         chunk = chunking(chunk_length_s, stride_length_s)
         samples = read_audio(audio, limits, policy)
-        spans = tuple(windows(samples.shape[0], *chunk))
-        return cls([samples[w.start:w.end] for w in spans], samples.shape[0], spans)
+        if vad is not None:
+            from seq2serve.runtime.frontend.speech_regions import speech_regions
+
+            spans = tuple(speech_windows(speech_regions(samples, vad)))
+        else:
+            spans = tuple(windows(samples.shape[0], *chunk))
+        return cls([samples[w.start:w.end] for w in spans], samples.shape[0], spans,
+                   joined=vad is not None)
 
     @property
     def is_long(self) -> bool:
@@ -76,14 +92,18 @@ class TranscriptionJob:
     def detection_audio(self) -> np.ndarray:
         """The samples a missing language is detected on: the first window's (faster-whisper
         detects on the first 30 s too; HF's pipeline detects each window's). Its encoder
-        output is the first window's request's: the encoder cache serves both."""
-        return self.windows[0]
+        output is the first window's request's: the encoder cache serves both. None when
+        no window has speech (nothing to detect, nothing to decode)."""
+        return self.windows[0] if self.windows else None
 
     def requests(self, decoder_ids: list[int], sampling_params: dict[str, Any],
                  max_rows: int, stream: bool = False,
                  user: str | None = None) -> list[GenerateReqInput]:
         """The windows as generate requests: one request of one audio for a short clip, else
-        a batch of the windows (several batches only past `max_rows`, max_batch_inputs)."""
+        a batch of the windows (several batches only past `max_rows`, max_batch_inputs);
+        none without windows (no speech)."""
+        if not self.windows:
+            return []
         audio = self.windows if self.is_long else self.windows[0]
         obj = GenerateReqInput(audio_data=audio, decoder_input_ids=list(decoder_ids),
                                sampling_params=dict(sampling_params), stream=stream, user=user)
@@ -93,15 +113,27 @@ class TranscriptionJob:
                whisper: WhisperPrompt) -> dict[str, Any]:
         """The transcription ({"text", "output_ids", "meta_info"}) from the windows' results
         in order: a short clip's own result; a long one's merged text tokens, decoded (as
-        the pipeline decodes them), with the windows' token counts summed."""
-        if not self.is_long:
+        the pipeline decodes them), with the windows' token counts summed. Windows cut at
+        silences (`joined`): their text tokens end to end, and their texts, each decoded
+        alone, joined ("" without windows)."""
+        if not self.is_long and not self.joined:
             [result] = results
             return result
         if len(results) != len(self.windows):
             raise RuntimeError(f"{len(results)} results for {len(self.windows)} windows")
         specials = set(tokenizer.all_special_ids)
-        ids = merge_tokens([text_tokens(r["output_ids"], specials,
-                                        whisper.no_timestamps_token_id + 1) for r in results])
+        pieces = [text_tokens(r["output_ids"], specials, whisper.no_timestamps_token_id + 1)
+                  for r in results]
+        if self.joined:
+            ids = [t for p in pieces for t in p]
+            text = "".join(tokenizer.decode(p) for p in pieces)
+        else:
+            ids = merge_tokens(pieces)
+            text = tokenizer.decode(ids)
+        return {"text": text, "output_ids": ids, "meta_info": self._usage(results)}
+
+    def _usage(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """The windows' meta_info as one: token counts summed, the finish reason."""
         metas = [r["meta_info"] for r in results]
         reasons = [m["finish_reason"] for m in metas]
         meta = {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
@@ -109,31 +141,31 @@ class TranscriptionJob:
                 "cached_tokens": sum(m.get("cached_tokens") or 0 for m in metas),
                 # a window cut short by max_tokens cuts the text: say so
                 "finish_reason": next((r for r in reasons if r and r.get("type") == "length"),
-                                      reasons[-1]),
+                                      reasons[-1] if reasons else None),
                 "windows": len(self.windows)}
         if any("decodes" in m for m in metas):
             meta["decodes"] = sum(m.get("decodes", 1) for m in metas)
-        return {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
+        return meta
 
     def timed(self, results: list[dict[str, Any]], tokenizer,
               whisper: WhisperPrompt) -> dict[str, Any]:
         """The answer of a request decoded with timestamps: its text without them, and its
         segments (`timestamp_segments.Segment`'s fields as a dict: start and end in seconds
         from the audio's start, text, tokens) and the audio's duration in seconds. Long
-        audio's are `long_timed`'s."""
+        audio's are `long_timed`'s; windows cut at silences have each window's segments
+        moved on by its start (`seek`: the window's first frame plus the decode's)."""
+        if self.joined:
+            begin = whisper.no_timestamps_token_id + 1
+            segs = [s for r, w in zip(results, self.spans, strict=True)
+                    for s in _segments(r, begin, tokenizer, w.start)]
+            return {**self.answer(results, tokenizer, whisper), "duration": self.duration,
+                    "segments": segs}
         if self.is_long:
             return self.long_timed(results, tokenizer, whisper)
         [result] = results
         begin = whisper.no_timestamps_token_id + 1
-        ids = result["output_ids"]
-        seeked = result.pop("seek_segments", None)
-        if seeked is None:  # decoded once: the tokenizer's segments
-            segs = [asdict(s) for s in segments(ids, begin, tokenizer.decode)]
-        else:  # HF's generate's segments
-            segs = [{"start": s.start, "end": s.end,
-                     "text": tokenizer.decode(text_ids(s.tokens, begin)),
-                     "tokens": s.tokens, "seek": s.seek} for s in seeked]
-        return {**result, "text": tokenizer.decode(text_ids(ids, begin),
+        segs = _segments(result, begin, tokenizer)
+        return {**result, "text": tokenizer.decode(text_ids(result["output_ids"], begin),
                                                    skip_special_tokens=True),
                 "duration": self.duration, "segments": segs}
 
@@ -172,6 +204,25 @@ class TranscriptionJob:
         return {**answer, "text": text, "output_ids": [t for c in chunks for t in c.tokens],
                 "duration": self.duration, "segments": segs,
                 "pipeline_times": [(c.start, c.end) for c in chunks]}
+
+
+def _segments(result: dict[str, Any], begin: int, tokenizer,
+              start: int = 0) -> list[dict[str, Any]]:
+    """One window's segments (its `seek_segments` popped: HF's generate's, else the
+    tokenizer's of a single decode); a window from sample `start` on has its times moved on
+    by it (to the ms) and its `seek` by its first 10 ms frame."""
+    seeked = result.pop("seek_segments", None)
+    if seeked is None:  # decoded once: the tokenizer's segments
+        segs = [asdict(s) for s in segments(result["output_ids"], begin, tokenizer.decode)]
+    else:  # HF's generate's segments
+        segs = [{"start": s.start, "end": s.end,
+                 "text": tokenizer.decode(text_ids(s.tokens, begin)),
+                 "tokens": s.tokens, "seek": s.seek} for s in seeked]
+    if not start:
+        return segs
+    offset, frames = start / SAMPLING_RATE, start // (SAMPLING_RATE // 100)
+    return [{**s, "start": round(s["start"] + offset, 3), "end": round(s["end"] + offset, 3),
+             "seek": frames + s.get("seek", 0)} for s in segs]
 
 
 class Redecoding:
