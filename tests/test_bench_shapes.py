@@ -75,6 +75,7 @@ def _tiny_whisper_shape(tmp_path, monkeypatch) -> str:
     return str(path)
 
 
+@pytest.mark.long  # (~40-100 s: `bench offline` in a subprocess, then an engine and HF)
 def test_whisper_bench_offline_runs_against_hf_and_decodes_as_hf(tmp_path, monkeypatch):
     """`bench offline` on a Whisper shape (shrunk; dummy weights, as --shape loads them), with
     HF's baseline at two batch sizes: every clip decoded for exactly output_len tokens, HF

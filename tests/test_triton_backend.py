@@ -39,6 +39,7 @@ def test_triton_matches_torch_native_and_hf(t5_checkpoints, name, page_size):
         assert out[str(i)] == hf_greedy(path, ids, MAX_NEW, decoder_ids), f"request {i}"
 
 
+@pytest.mark.long  # (~60 s interpreted; the GPU check's float32 beam tests run the kernel)
 def test_beam_groups_read_their_cross_kv_once_and_match_hf(tmp_path, monkeypatch):
     """Beam search on the Triton backend: decode steps with beam groups run the beam-group
     cross-attention kernel (a group's K/V read once for its rows), mixed with a greedy request

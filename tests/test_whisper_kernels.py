@@ -49,6 +49,7 @@ def _run(path: str, features: list, max_new: int, ops=None, **kwargs) -> dict[st
     return run_to_completion(sched)
 
 
+@pytest.mark.long  # (~55 s interpreted; the GPU check runs Whisper on the Triton kernels)
 def test_triton_interpreted_matches_torch_native(ckpt):
     """The Triton attention kernels and the Triton ops (the biased GEMV of one decode row,
     LayerNorm) against the reference."""
