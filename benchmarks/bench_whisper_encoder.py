@@ -10,10 +10,10 @@ encoder at the largest batch, heaviest first (torch.profiler).
 The FLOPs counted are `runtime/bench/hardware.whisper_encoder_flops`'s "encoder" (the
 convolutions as matmuls, each layer's projections, MLP and attention scores; ~2.27 TFLOP a
 window for large-v3); the cross K/V projections the encoder stage adds in serving are left
-out here (`bench offline --shape whisper-large-v3` reports the whole stage). The two encoders' outputs
-are compared first (the largest difference, relative to the outputs' scale, is printed and
-stored). `--device cpu --dtype float32 --encoder-layers 1 --decoder-layers 1 --batches 1`
-runs it small on a CPU (no peak, no profile).
+out here (`bench offline --shape whisper-large-v3` reports the whole stage). The two
+encoders' outputs are compared first (the largest difference, relative to the outputs'
+scale, is printed and stored). `--device cpu --dtype float32 --encoder-layers 1
+--decoder-layers 1 --batches 1` runs it small on a CPU (no peak, no profile).
 """
 
 from __future__ import annotations

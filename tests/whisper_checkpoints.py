@@ -3,9 +3,10 @@
 Two shapes: a multilingual one (128 mel bins as large-v3, three languages, unequal head
 counts) and an English-only one (80 mel bins, `.en`'s prompt of start and no-timestamps
 only). Each vocabulary is the 256 byte-level symbols and a few merges, then Whisper's special
-tokens in Whisper's order (runtime/tools/whisper_tokenizer.py); generation_config.json carries what HF's Whisper generate reads
-(lang_to_id, task_to_id, suppress_tokens, begin_suppress_tokens, ...), as the released
-checkpoints ship it. The encoder keeps Whisper's fixed 1,500 positions (30 s windows)."""
+tokens in Whisper's order (runtime/tools/whisper_tokenizer.py); generation_config.json
+carries what HF's Whisper generate reads (lang_to_id, task_to_id, suppress_tokens,
+begin_suppress_tokens, ...), as the released checkpoints ship it. The encoder keeps
+Whisper's fixed 1,500 positions (30 s windows)."""
 
 from __future__ import annotations
 
