@@ -33,7 +33,16 @@ def _idle_within(engine, seconds: float) -> float:
         time.sleep(0.05)
 
 
-def test_ctrl_c_aborts_the_whole_call():
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own Ctrl-C handler for the test (a CI worker once ran this after something in
+    its process had replaced it: the SIGINT raised nothing), the previous one back after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_aborts_the_whole_call(python_ctrl_c):
     with _engine() as engine:
         main = threading.get_ident()
         threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT)).start()
