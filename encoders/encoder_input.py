@@ -25,6 +25,13 @@ class EncoderPayload(Protocol):
     def has_data(self) -> bool:
         """Whether its data can still be read (else only a cached output can serve it)."""
 
+    @property
+    def host_data(self) -> torch.Tensor | None:
+        """Its data where the request carries it (None: in a `PixelStore` file already)."""
+
+    def stored(self, path: str) -> EncoderPayload:
+        """The same input with its data left in a `PixelStore` file at `path`."""
+
     @classmethod
     def batch(cls, payloads: list) -> Any:
         """One encode batch of several payloads (with `.to(device)`), as the model reads it."""
@@ -51,6 +58,11 @@ class ImageFeatures:
     def has_data(self) -> bool:
         return self.pixel_values is not None or (
             self.pixel_file is not None and os.path.exists(self.pixel_file))
+
+    @property
+    def host_data(self) -> torch.Tensor | None:
+        """The pixels, where the request itself carries them (what a store would keep)."""
+        return self.pixel_values
 
     def stored(self, path: str) -> ImageFeatures:
         """The same image with its pixels left in a PixelStore file at `path`."""

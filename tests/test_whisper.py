@@ -135,6 +135,38 @@ def test_a_repeated_clip_is_encoded_once_as_a_file_or_as_samples(ckpt, engines, 
     engine.check_integrity()
 
 
+def test_audio_reaches_the_scheduler_as_a_store_file_or_inline_when_it_has_no_room(
+        ckpt, engines, monkeypatch):
+    """A window's samples travel as a PixelStore file: a repeat is a cache hit, and after the
+    scheduler drops it (flush_cache) it reads the file again and answers as before. With no
+    room in the store the samples travel in the request: the same answer, nothing pinned."""
+    engine = engines["multilingual"]
+    tm = engine.tokenizer_manager
+    prompt = WhisperPrompt.from_model(ckpt["multilingual"]).tokens("en")
+    samples = -clip(11)  # used by no other test
+    gen = lambda: engine.generate(audio_data=samples, decoder_input_ids=prompt,  # noqa: E731
+                                  sampling_params=GREEDY)
+    assert engine.flush_cache()
+    before = engine.stats()["encoder_inputs"]
+    a, b = gen(), gen()
+    assert engine.flush_cache()
+    c = gen()
+    assert [x["meta_info"]["encoder_cache_hit"] for x in (a, b, c)] == [False, True, False]
+    assert a["output_ids"] == b["output_ids"] == c["output_ids"]
+    assert engine.stats()["encoder_inputs"] - before == 2
+    assert tm.pixel_store.num_files >= 1 and not tm.pixel_store.pins
+
+    def full(key, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tm.pixel_store, "put", full)
+    assert engine.flush_cache()
+    d = gen()
+    assert d["output_ids"] == a["output_ids"] and not d["meta_info"]["encoder_cache_hit"]
+    assert not tm.pixel_store.pins
+    engine.check_integrity()
+
+
 def test_bad_audio_and_wrong_inputs_are_named(ckpt, engines):
     engine = engines["multilingual"]
     prompt = WhisperPrompt.from_model(ckpt["multilingual"]).tokens("en")

@@ -140,9 +140,10 @@ class TokenizerManager:
         # no token covers more characters than this: a longer prompt is refused untokenized
         self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
         self.states: dict[str, _ReqState] = {}
-        # the pixels of images in flight (and recent ones): the scheduler reads them from
-        # here when its encoder cache misses
-        self.pixel_store = PixelStore() if self.image_processor is not None else None
+        # the pixels of images (and the samples of audio windows) in flight, and recent ones:
+        # the scheduler reads them from here when its encoder cache misses
+        self.pixel_store = (PixelStore() if self.image_processor is not None
+                            or self.audio_processor is not None else None)
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
         self.draining = False  # shutting down: running requests finish, new ones are refused
@@ -539,25 +540,30 @@ class TokenizerManager:
                 self._release(r)
 
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
-        """The request as sent: every image's pixels in the PixelStore (written once per
-        image, pinned until the request ends), the request carrying only the files' names."""
-        if not r.encoder_inputs or self.pixel_store is None:  # audio travels with the request
+        """The request as sent: every image's pixels and audio window's samples in the
+        PixelStore (written once per input, pinned until the request ends), the request
+        carrying only the files' names. Where the store has no room, the data travels in the
+        request itself (slower, never refused for it)."""
+        if not r.encoder_inputs or self.pixel_store is None:
             return r
         stored = []
         try:
-            for img in r.encoder_inputs:
-                stored.append(img.stored(self.pixel_store.put(img.key, img.pixel_values)))
-        except OSError:  # no room for the pixels: nothing of this request stays pinned
-            for img in stored:
-                self.pixel_store.release(img.key)
-            raise
+            for p in r.encoder_inputs:
+                stored.append(p.stored(self.pixel_store.put(p.key, p.host_data)))
+        except OSError as e:  # no room: nothing of this request stays pinned
+            for p in stored:
+                self.pixel_store.release(p.key)
+            logger.warning("the media store has no room (%s): request %s sends its encoder "
+                           "inputs inline", e, r.rid)
+            return r
         return dataclasses.replace(r, encoder_inputs=stored)
 
     def _release(self, r: TokenizedRequest) -> None:
         if self.pixel_store is None:
             return
-        for img in r.encoder_inputs:
-            self.pixel_store.release(img.key)
+        for p in r.encoder_inputs:
+            if p.host_data is None:  # (sent inline where the store had no room)
+                self.pixel_store.release(p.key)
 
     async def _next(self, s: _ReqState) -> TokenOutput:
         """The request's next piece: every output that has come for it since the last one,
