@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from seq2serve.encoders.pixel_store import read_pixels
+from seq2serve.models.device_copy import to_device
 
 
 class EncoderPayload(Protocol):
@@ -95,7 +96,7 @@ class ImageBatch:
                    num_tiles=[i.num_tiles for i in images])
 
     def to(self, device: str) -> ImageBatch:
-        return ImageBatch(self.pixel_values.to(device, non_blocking=True),
+        return ImageBatch(to_device(self.pixel_values, device),
                           self.aspect_ratio_ids.to(device, non_blocking=True), self.num_tiles)
 
 

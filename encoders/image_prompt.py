@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from seq2serve.encoders.encoder_input import ImageFeatures
+from seq2serve.models.device_copy import to_device
 
 
 @dataclass
@@ -48,5 +49,5 @@ class ImagePromptBatch:
     text_lens: list[int]
 
     def to(self, device: str) -> ImagePromptBatch:
-        return ImagePromptBatch(self.pixel_values.to(device, non_blocking=True),
+        return ImagePromptBatch(to_device(self.pixel_values, device),
                                 self.token_ids.to(device, non_blocking=True), self.text_lens)

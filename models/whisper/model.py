@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seq2serve.models.bart.model import BartDecoderLayer, BartEncoderLayer, _embedding
+from seq2serve.models.device_copy import to_device
 from seq2serve.models.family import ModelFamily
 from seq2serve.models.linear import Linear
 from seq2serve.models.norm import LayerNorm
@@ -42,7 +43,7 @@ class WindowBatch:
     seeks: tuple[int, ...] = ()
 
     def to(self, device: str) -> WindowBatch:
-        return WindowBatch(self.samples.to(device, non_blocking=True), self.seeks)
+        return WindowBatch(to_device(self.samples, device), self.seeks)
 
 
 class WhisperForConditionalGeneration(ModelFamily):

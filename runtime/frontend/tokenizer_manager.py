@@ -100,7 +100,7 @@ class TokenizerManager:
         self.limits = limits or RequestLimits()
         self.isolation = isolation or CacheIsolation()  # the router's too
         self.image_processor = None
-        self.image_pool = None
+        self.media_pool = None  # decodes images and audio side by side
         self.audio_processor = None
         self.audio_limits = None  # a speech model's: the whole audio's (bytes, seconds)
         self.whisper_prompt = None  # a speech model's default decoder prompt
@@ -131,10 +131,11 @@ class TokenizerManager:
                 model_id, model_id, info.get("tokens_per_tile"), pixel_dtype=dtype,
                 stages=info.get("image_stages"), extra_tokens=info.get("image_extra_tokens", 0),
                 max_grid=info.get("image_max_grid"))
-            # decoding and preprocessing images is CPU work that releases the GIL enough to
-            # run side by side
-            self.image_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                                 thread_name_prefix="seq2serve-images")
+        if info.get("has_vision") or info.get("has_audio"):
+            # decoding and preprocessing images, and decoding and hashing audio, is CPU work
+            # that releases the GIL enough to run side by side
+            self.media_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                 thread_name_prefix="seq2serve-media")
         # the languages a translation model's tokenizer names (None: a prompt template's)
         self.languages = TranslationLanguages.of(tokenizer) if self.is_encoder_decoder else None
         # no token covers more characters than this: a longer prompt is refused untokenized
@@ -266,8 +267,8 @@ class TokenizerManager:
 
     def _audio(self, items: list[dict[str, Any]]) -> list[list]:
         """Each prompt's audio as the encoder's input ([] where it has none): decoded and
-        resampled to 16 kHz samples, one prompt at a time, off the event loop (the log-mel
-        features are the model's, computed on its device)."""
+        resampled to 16 kHz samples and hashed, several at once on the media pool, off the
+        event loop (the log-mel features are the model's, computed on its device)."""
         given = [item["audio_data"] is not None for item in items]
         if self.audio_processor is None:
             if any(given):
@@ -279,8 +280,8 @@ class TokenizerManager:
         from seq2serve.encoders.audio_loader import read_audio
         from seq2serve.runtime.frontend.audio_chunks import CHUNK_SAMPLES, SAMPLING_RATE
 
-        out = []
-        for i, item in enumerate(items):
+        def one(i_item):
+            i, item = i_item
             try:
                 samples = read_audio(item["audio_data"], self.audio_limits, self.media_policy)
                 if samples.shape[0] > CHUNK_SAMPLES:
@@ -288,10 +289,12 @@ class TokenizerManager:
                     raise ValueError(f"the audio is {seconds:.2f} s long: an audio_data input "
                                      f"is one 30 s window (transcribe and /v1/audio/* cut "
                                      f"longer audio into windows)")
-                out.append([self.audio_processor(samples, item.get("audio_seek", 0))])
+                return [self.audio_processor(samples, item.get("audio_seek", 0))]
             except ValueError as e:
                 raise ValueError(f"audio {i}: {e}" if len(items) > 1 else str(e)) from None
-        return out
+
+        # (in order: the first bad input is the one named, as one at a time would name it)
+        return list(self.media_pool.map(one, enumerate(items)))
 
     def tokenize_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Each text's token ids: as a prompt (the special tokens generate adds, Mllama's BOS
@@ -354,7 +357,7 @@ class TokenizerManager:
 
         flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
         try:
-            done = iter(list(self.image_pool.map(one, flat)))
+            done = iter(list(self.media_pool.map(one, flat)))
         finally:
             # a 40-megapixel image passes through a few hundred MB of buffers in its thread;
             # measured: 32 images of 6300x6300 on two threads left 1.2 GB resident, 0.5 after
