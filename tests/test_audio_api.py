@@ -117,6 +117,50 @@ def test_beams_max_tokens_and_a_stream(ckpt, servers):
     assert "".join(deltas) == done.text == whole.text and len(deltas) > 1
 
 
+def eos_early_checkpoint(src: str, out, samples) -> str:
+    """`src` (the English-only checkpoint) with end of text made the greedy choice where its
+    fourth token was (its tied embedding row twice that token's): its greedy output ends
+    there unless end of text is banned."""
+    import shutil
+
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    shutil.copytree(src, out)
+    model = WhisperForConditionalGeneration.from_pretrained(src).eval()
+    features = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)(
+        samples, sampling_rate=16_000, return_tensors="pt").input_features
+    with torch.no_grad():
+        fourth = model.generate(features, max_new_tokens=8)[0, 3].item()
+        emb = model.model.decoder.embed_tokens.weight
+        emb[model.config.eos_token_id] = 2 * emb[fourth]
+    model.save_pretrained(out)
+    return str(out)
+
+
+def test_min_tokens_is_hfs_min_new_tokens(ckpt, tmp_path):
+    """min_tokens (an extension field, as bench serving --audio-seconds sends it) bans end of
+    text before it, as HF's min_new_tokens: on a checkpoint whose greedy output ends early,
+    min = max gives exactly that many tokens, HF's."""
+    from seq2serve.encoders.audio_loader import read_audio
+
+    wav = encoded(clip(5), 16_000, "WAV")
+    samples = read_audio(wav)
+    path = eos_early_checkpoint(ckpt["english"], tmp_path / "eos", samples)
+    server = ServerProcess(path)
+    try:
+        c = client(server)
+        free = c.audio.transcriptions.create(model=path, file=("f.wav", wav),
+                                             extra_body={"max_tokens": 16})
+        got = c.audio.transcriptions.create(model=path, file=("f.wav", wav),
+                                            extra_body={"max_tokens": 16, "min_tokens": 16})
+    finally:
+        server.kill()
+    assert free.usage.output_tokens < 16, "end of text comes early unless banned"
+    assert got.usage.output_tokens == 16
+    assert got.text == hf_text(path, samples, 16, min_new_tokens=16)
+    assert free.text == hf_text(path, samples, 16)
+
+
 @pytest.mark.parametrize("fields, files, status, named", [
     ({"model": "m"}, None, 400, "file is required"),
     ({"language": "de"}, {"file": ("x.wav", b"not audio at all")}, 400, "audio"),
@@ -126,6 +170,8 @@ def test_beams_max_tokens_and_a_stream(ckpt, servers):
     ({"language": "de", "response_format": "xml"}, "wav", 400, "is not one of"),
     ({"language": "klingon"}, "wav", 400, "is not one of this model's"),
     ({"language": "de", "max_tokens": "999"}, "wav", 400, "max_tokens must be in"),
+    ({"language": "de", "max_tokens": "8", "min_tokens": "9"}, "wav", 400,
+     "min_tokens must be in [0, 8]"),
     ({"language": "de", "stream": "true", "num_beams": "2"}, "wav", 400, "stream cannot"),
     ({"language": "de", "temperature": "hot"}, "wav", 400, "temperature must be a number"),
     ({"language": "de"}, "big", 413, "--max-audio-bytes"),
@@ -412,3 +458,24 @@ def test_the_engine_transcribes_long_audio_as_the_pipeline(ckpt):
     assert shorter["meta_info"]["windows"] == 8  # one every 12 s
     assert shorter["text"] == hf_pipeline_text(path, samples, "fr", max_new_tokens=12,
                                                chunk_length_s=20, stride_length_s=4)
+
+
+def test_bench_serving_sends_clips_to_transcriptions(servers):
+    """`bench serving --audio-seconds`: WAV clips to /v1/audio/transcriptions, streamed (and
+    with beams answered whole), every answer exactly --output-len tokens; the offline engine
+    on the same clips and length for --compare-offline."""
+    from seq2serve.runtime.bench.serving import measure, workload
+    from seq2serve.runtime.bench.serving_offline import compare_offline
+
+    url = servers["multilingual"].url
+    res = measure(url, 4, 0, 6, 2, None, audio_seconds=2.0)
+    assert (res["completed"], res["failed"], res["output_tokens"]) == (4, 0, 24), res["errors"]
+    # (inter-token gaps only where a clip's text arrived in more than one delta)
+    assert 0 < res["ttft"]["p50_ms"] <= res["e2e"]["p50_ms"] and res["audio_seconds"] == 2.0
+    beams = measure(url, 2, 0, 5, 2, None, num_beams=2, audio_seconds=2.0)
+    assert (beams["completed"], beams["output_tokens"]) == (2, 10), beams["errors"]
+    offline = compare_offline(url, workload(4, 0, audio_seconds=2.0), 6, 2,
+                              {"device": "cpu", "dtype": "float32"})
+    assert offline["output_tokens"] == 24
+    with pytest.raises(ValueError, match="audio-seconds must be in"):
+        workload(1, 0, audio_seconds=31)

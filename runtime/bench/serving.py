@@ -3,13 +3,16 @@ at a fixed concurrency or a Poisson request rate from one or more client process
 (`--workers`: serving_workers.py; one client's load: serving_load.py) and reports SGLang
 bench_serving's figures: request and output token throughput, time to first token,
 inter-token and end-to-end latency (mean, p50, p90, p99); with `--compare-offline` the
-offline engine's throughput on the same workload (serving_offline.py) and the ratio."""
+offline engine's throughput on the same workload (serving_offline.py) and the ratio. With
+`--audio-seconds` the requests are WAV clips to /v1/audio/transcriptions (a speech model's
+server), each answered with exactly `--output-len` tokens."""
 
 from __future__ import annotations
 
 import json
 
 from seq2serve.runtime.bench.serving_load import LoadSpec, make_prompts
+from seq2serve.runtime.bench.workload import wav_clips
 
 
 def add_serving_parser(sub) -> None:
@@ -31,15 +34,31 @@ def add_serving_parser(sub) -> None:
     p.add_argument("--num-beams", type=int, default=1,
                    help="beam search with this many beams (each request answered whole, not "
                         "streamed; the server's max_running_requests counts beam rows)")
+    p.add_argument("--audio-seconds", type=float, default=None,
+                   help="send distinct synthetic clips this long (at most 30) as WAV files to "
+                        "/v1/audio/transcriptions instead of text prompts (--input-len unused; "
+                        "streamed, language en, min_tokens = max_tokens = --output-len)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     p.set_defaults(fn=_serving)
 
 
+def workload(num_requests: int, input_len: int, seed: int = 0,
+             audio_seconds: float | None = None) -> list[str | bytes]:
+    """The requests' prompts: text of `input_len` words, or WAV clips of `audio_seconds`."""
+    if audio_seconds is None:
+        return make_prompts(num_requests, input_len, seed)
+    if not 0 < audio_seconds <= 30:
+        raise ValueError(f"--audio-seconds must be in (0, 30] (one Whisper window), got "
+                         f"{audio_seconds:g}")
+    return wav_clips(num_requests, audio_seconds, seed)
+
+
 def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
             concurrency: int | None, rate: float | None, workers: int = 1,
-            api_key: str | None = None, seed: int = 0, num_beams: int = 1) -> dict:
+            api_key: str | None = None, seed: int = 0, num_beams: int = 1,
+            audio_seconds: float | None = None) -> dict:
     """One load's figures (`concurrency` None: Poisson arrivals at `rate`), merged over
     `workers` client processes."""
     from seq2serve.runtime.bench.serving_workers import run_workers
@@ -48,23 +67,26 @@ def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
         raise ValueError(f"--workers must be at least 1, got {workers}")
     if num_beams < 1:
         raise ValueError(f"--num-beams must be at least 1, got {num_beams}")
-    spec = LoadSpec(base_url, tuple(make_prompts(num_requests, input_len, seed)), output_len,
-                    concurrency, rate, api_key, seed, num_beams=num_beams)
+    prompts = workload(num_requests, input_len, seed, audio_seconds)
+    spec = LoadSpec(base_url, tuple(prompts), output_len, concurrency, rate, api_key, seed,
+                    num_beams=num_beams)
     return run_workers(spec, workers) | {"concurrency": concurrency, "rate": rate,
-                                         "num_beams": num_beams}
+                                         "num_beams": num_beams,
+                                         "audio_seconds": audio_seconds}
 
 
 def _serving(args) -> dict:
     res = measure(args.base_url, args.num_requests, args.input_len, args.output_len,
                   None if args.request_rate else args.concurrency, args.request_rate,
-                  args.workers, args.api_key, args.seed, args.num_beams)
+                  args.workers, args.api_key, args.seed, args.num_beams, args.audio_seconds)
     print_summary(res)
     if args.compare_offline:
         from seq2serve.runtime.bench.serving_offline import compare_offline
 
-        res["offline"] = compare_offline(args.base_url, make_prompts(
-            args.num_requests, args.input_len, args.seed), args.output_len, res["concurrency"],
-            json.loads(args.engine_args), args.num_beams)
+        res["offline"] = compare_offline(
+            args.base_url, workload(args.num_requests, args.input_len, args.seed,
+                                    args.audio_seconds),
+            args.output_len, res["concurrency"], json.loads(args.engine_args), args.num_beams)
         res["server_over_offline"] = (res["output_tokens_per_s"]
                                       / res["offline"]["output_tokens_per_s"])
         print(f"offline engine: {res['offline']['output_tokens_per_s']:.1f} output tok/s; "

@@ -1,7 +1,8 @@
-"""One client's load against a server: the workload's prompts, its requests streamed at a
-fixed concurrency or as Poisson arrivals (with beams: answered whole, TTFT = E2E), each
-request's record (TTFT, inter-token gaps, end-to-end time, token counts), and bench_serving's
-figures over any set of records."""
+"""One client's load against a server: the workload's prompts (text to /v1/completions, or
+audio files to /v1/audio/transcriptions), its requests streamed at a fixed concurrency or as
+Poisson arrivals (with beams: answered whole, TTFT = E2E), each request's record (TTFT,
+inter-token gaps, end-to-end time, token counts), and bench_serving's figures over any set of
+records."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ class LoadSpec:
     """One client's share of the load (picklable: it crosses to the worker processes)."""
 
     base_url: str
-    prompts: tuple[str, ...]
+    # text prompts (/v1/completions), or audio files' bytes (/v1/audio/transcriptions: each
+    # answer exactly output_len tokens, min_tokens = max_tokens)
+    prompts: tuple[str | bytes, ...]
     output_len: int
     concurrency: int | None  # None: Poisson arrivals at `rate`
     rate: float | None
@@ -51,6 +54,20 @@ class LoadSpec:
         return {"prompt": prompt, "max_tokens": self.output_len, "stream": True,
                 "temperature": 0, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
+
+    def request(self, prompt: str | bytes) -> tuple[str, dict, bool]:
+        """(path, httpx's keyword arguments, streamed) of the request for `prompt`."""
+        if isinstance(prompt, str):
+            body = self.body(prompt)
+            return "/v1/completions", {"json": body}, body["stream"]
+        form = {"response_format": "json", "temperature": "0", "language": "en",
+                "max_tokens": str(self.output_len), "min_tokens": str(self.output_len)}
+        if self.num_beams > 1:
+            form["num_beams"] = str(self.num_beams)
+        else:
+            form["stream"] = "true"
+        files = {"file": ("clip.wav", prompt, "audio/wav")}
+        return "/v1/audio/transcriptions", {"data": form, "files": files}, self.num_beams == 1
 
 
 def make_prompts(num_requests: int, input_len: int, seed: int = 0) -> list[str]:
@@ -81,17 +98,19 @@ async def _sse_lines(response):
         yield buf
 
 
-async def _whole(client, url: str, body: dict, headers: dict) -> RequestRecord:
+async def _whole(client, url: str, kwargs: dict, headers: dict) -> RequestRecord:
     """A request answered in one body (beam search): its first token comes with its last."""
     start = time.perf_counter()
     rec = RequestRecord(ok=False)
     try:
-        r = await client.post(url, json=body, headers=headers)
+        r = await client.post(url, headers=headers, **kwargs)
         if r.status_code != 200:
             rec.error = f"HTTP {r.status_code}: {r.text[:200]!r}"
             return rec
         usage = r.json()["usage"]
-        rec.tokens, rec.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
+        # (a transcription's usage: OpenAI's input_tokens / output_tokens)
+        rec.tokens = usage.get("completion_tokens", usage.get("output_tokens", 0))
+        rec.prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens", 0))
         rec.ok, rec.events = True, 1
         rec.ttft = rec.e2e = time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - a failed request is a measurement
@@ -99,13 +118,16 @@ async def _whole(client, url: str, body: dict, headers: dict) -> RequestRecord:
     return rec
 
 
-async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
-    if not body["stream"]:
-        return await _whole(client, url, body, headers)
+async def _one(client, url: str, kwargs: dict, headers: dict, stream: bool,
+               fixed_tokens: int = 0) -> RequestRecord:
+    """`fixed_tokens`: the answer's length when the stream does not report it (a
+    transcription's, asked with min_tokens = max_tokens)."""
+    if not stream:
+        return await _whole(client, url, kwargs, headers)
     start = last = time.perf_counter()
     rec, chunks = RequestRecord(ok=False), 0
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as r:
+        async with client.stream("POST", url, headers=headers, **kwargs) as r:
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return rec
@@ -116,7 +138,7 @@ async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
                 if msg.get("usage"):
                     rec.tokens = msg["usage"]["completion_tokens"]
                     rec.prompt_tokens = msg["usage"]["prompt_tokens"]
-                if not msg.get("choices"):
+                if not msg.get("choices") and msg.get("type") != "transcript.text.delta":
                     continue
                 now = time.perf_counter()
                 if chunks == 0:
@@ -126,7 +148,7 @@ async def _one(client, url: str, body: dict, headers: dict) -> RequestRecord:
                     if now - last > _LONG_GAP_S:
                         rec.long_gaps.append((time.time(), now - last))
                 last, chunks = now, chunks + 1
-        rec.tokens, rec.events = rec.tokens or chunks, chunks
+        rec.tokens, rec.events = rec.tokens or fixed_tokens or chunks, chunks
         rec.ok, rec.e2e = True, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - a failed request is a measurement
         rec.error = f"{type(e).__name__}: {e}"
@@ -141,14 +163,16 @@ async def run_load(spec: LoadSpec) -> tuple[list[RequestRecord], float, float]:
     rng = random.Random(spec.seed)
     n = len(spec.prompts)
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    url = spec.base_url.rstrip("/") + "/v1/completions"
+    base = spec.base_url.rstrip("/")
     sem = asyncio.Semaphore(spec.concurrency or max(n, 1))
     limits = httpx.Limits(max_connections=spec.concurrency or max(n, 1))
     bar = tqdm(total=n, desc="requests", unit="req", disable=None if spec.progress else True)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def task(prompt: str) -> RequestRecord:
+        async def task(prompt: str | bytes) -> RequestRecord:
+            path, kwargs, stream = spec.request(prompt)
+            fixed = spec.output_len if isinstance(prompt, bytes) else 0
             async with sem:
-                record = await _one(client, url, spec.body(prompt), headers)
+                record = await _one(client, base + path, kwargs, headers, stream, fixed)
                 bar.update()
                 return record
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 
 
-def compare_offline(base_url: str, prompts: list[str], output_len: int,
+def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len: int,
                     concurrency: int | None, engine_args: dict, num_beams: int = 1) -> dict:
     """The engine's output tokens/s over `prompts`, all submitted at once with at most
     `concurrency` requests running (None: all; with beams, that many times num_beams rows),
-    after a short warm-up."""
+    after a short warm-up. Audio files (bytes) go in as `audio_data` with the server's
+    decoder prompt (English, no timestamps) and exactly `output_len` tokens each."""
     import httpx
 
     from seq2serve import Seq2SeqEngine
@@ -25,11 +26,20 @@ def compare_offline(base_url: str, prompts: list[str], output_len: int,
     if num_beams > 1:
         sp["num_beams"] = num_beams
     opts = {"max_running_requests": running, **engine_args}
+    inputs = lambda p: {"prompt": p}  # noqa: E731
+    if isinstance(prompts[0], bytes):
+        from seq2serve.runtime.frontend.transcription import WhisperPrompt
+
+        whisper = WhisperPrompt.from_model(info["model_path"])
+        ids = whisper.tokens("en" if whisper.is_multilingual else None)
+        sp = {**sp, "ignore_eos": False, "min_new_tokens": output_len}
+        inputs = lambda p: {"audio_data": p, "decoder_input_ids": [ids] * len(p)}  # noqa: E731
     with Seq2SeqEngine(model_path=info["model_path"], **opts) as engine:
-        engine.generate(prompts[:2], {**sp, "max_new_tokens": 2})
+        engine.generate(**inputs(prompts[:2]), sampling_params={**sp, "max_new_tokens": 2,
+                                                               "min_new_tokens": 0})
         engine.flush_cache()
         start = time.perf_counter()
-        outs = engine.generate(prompts, sp)
+        outs = engine.generate(**inputs(prompts), sampling_params=sp)
         seconds = time.perf_counter() - start
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {"model_path": info["model_path"], "engine_args": opts, "seconds": seconds,

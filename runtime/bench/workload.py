@@ -98,3 +98,19 @@ def synthetic_clip(seed: int, seconds: float = CLIP_SECONDS, rate: int = 16_000)
     x = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6)) for f in rng.uniform(100, 3000, 3))
     x *= 0.6 + 0.4 * np.sin(2 * np.pi * rng.uniform(0.1, 2) * t)
     return (x / 4 + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+def wav_clips(n: int, seconds: float, seed: int = 0) -> list[bytes]:
+    """`n` distinct `synthetic_clip`s as 16-bit WAV files (what a client uploads to
+    /v1/audio/transcriptions), the same for a seed in every process."""
+    import io
+
+    import soundfile
+
+    out = []
+    for i in range(n):
+        buf = io.BytesIO()
+        soundfile.write(buf, synthetic_clip(seed * 100003 + i, seconds), 16_000,
+                        format="WAV", subtype="PCM_16")
+        out.append(buf.getvalue())
+    return out

@@ -180,6 +180,14 @@ class AudioServing:
         sp = {"max_new_tokens": max_tokens or room,
               "temperature": _number(form, "temperature", float) or 0.0,
               "timestamps": timestamps}
+        # SGLang's and vLLM's `min_tokens`: end of text banned before it (a fixed length: what
+        # `bench serving --audio-seconds` asks for)
+        min_tokens = _number(form, "min_tokens", int)
+        if min_tokens is not None:
+            if not 0 <= min_tokens <= sp["max_new_tokens"]:
+                raise RequestError(f"min_tokens must be in [0, {sp['max_new_tokens']}] (at "
+                                   f"most max_tokens)", param="min_tokens")
+            sp["min_new_tokens"] = min_tokens
         num_beams = _number(form, "num_beams", int)
         if num_beams is not None:
             sp["num_beams"] = num_beams
