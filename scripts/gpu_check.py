@@ -27,6 +27,10 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
    token for token: the verdict) and `bench offline --baseline hf` against HF `generate` at
    several batch sizes, default and static cache (figures printed; best against best).
    `--families whisper-large-v3` runs a subset.
+6. `serving-audio` (only when named, in a call of its own): whisper-large-v3 served and
+   loaded with 30 s WAV clips on /v1/audio/transcriptions (`bench serving --audio-seconds
+   30`: 128 at once from 4 client processes, then Poisson arrivals), the offline engine on
+   the same clips: every request answered, the server / offline ratio printed.
 
 Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
 status is the number of failed parts. `--only tests,serve,bench,serving,families` runs a
@@ -361,6 +365,24 @@ def check_serving() -> bool:
     return verdict("serving", ok, " | ".join(lines) if ok else text[-3000:])
 
 
+def check_serving_audio() -> bool:
+    """Issue 43's server figure: whisper-large-v3 (dummy bf16) behind `seq2serve serve`, 30 s
+    WAV clips to /v1/audio/transcriptions at 128 at once (the offline engine on the same clips
+    after), then Poisson arrivals at 2 and 4 clips a second (~250 s)."""
+    log = LOGS / "serving_audio.log"
+    env = {**os.environ, "OUT": str(LOGS / "serving_audio"), "NO_SPY": "1",
+           "AUDIO_SECONDS": "30", "WORKERS": "4", "RATE_SECONDS": "30"}
+    with open(log, "w") as f:
+        code = subprocess.call(["bash", "benchmarks/serving_vs_offline.sh", "whisper-large-v3",
+                                "128", "256", "0", "64", "2 4"], cwd=ROOT, env=env, stdout=f,
+                               stderr=subprocess.STDOUT)
+    text = log.read_text()
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.startswith(("requests ", "offline engine")) or "TTFT" in ln or "E2E" in ln]
+    ok = code == 0 and "256/256" in text and "server / offline" in text
+    return verdict("serving-audio", ok, " | ".join(lines) if ok else text[-3000:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="tests,serve,bench,serving,families")
@@ -382,6 +404,8 @@ def main() -> int:
         results.append(check_bench())
     if "serving" in parts:
         results.append(check_serving())
+    if "serving-audio" in parts:  # (not in the default --only: run it in a call of its own)
+        results.append(check_serving_audio())
     if "families" in parts:
         results.append(check_families(args.families.split(",") if args.families else None))
     failed = results.count(False)
