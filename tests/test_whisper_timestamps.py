@@ -169,3 +169,31 @@ def test_segments_are_hf_tokenizers_offsets(ckpt):
         assert [t for *_, t in got] == [t for *_, t in want], ids
         assert [x for s in got for x in s[:2]] == pytest.approx(
             [x for s in want for x in s[:2]], abs=1e-9), ids
+
+
+def test_text_without_timestamps_drops_timestamp_tokens_as_hf_decodes(ckpt, hf, engines):
+    """Without timestamps a model may still choose timestamp tokens (HF's generate does not
+    ban them); HF's tokenizer leaves them out of the text, and so does the engine's text,
+    streamed or whole: HF generate's tokens, HF's decode of them."""
+    from transformers import WhisperTokenizer
+
+    model, extractor = hf["english"]
+    tokenizer = WhisperTokenizer.from_pretrained(ckpt["english"])
+    first_stamp = tokenizer.convert_tokens_to_ids("<|0.00|>")
+    samples = clip(2)
+    features = extractor(samples, sampling_rate=16_000, return_tensors="pt").input_features
+    with torch.no_grad():
+        seq = model.generate(features, max_new_tokens=MAX_NEW,
+                             force_unique_generate_call=True)[0].tolist()
+    prompt = WhisperPrompt.from_model(ckpt["english"]).tokens(None)
+    expected = seq[len(prompt):] if seq[:len(prompt)] == prompt else seq  # (HF's, after it)
+    engine = engines["english"]
+    sp = {"max_new_tokens": MAX_NEW, "temperature": 0}
+    got = engine.generate(audio_data=samples, decoder_input_ids=prompt, sampling_params=sp)
+    assert got["output_ids"] == expected
+    assert any(t >= first_stamp for t in expected), "this clip's tokens have timestamps"
+    text = tokenizer.decode(expected, skip_special_tokens=True)
+    assert got["text"] == text and "<|" not in text
+    streamed = engine.generate(audio_data=samples, decoder_input_ids=prompt,
+                               sampling_params=sp, stream=True)
+    assert "".join(c["text"] for c in streamed) == text

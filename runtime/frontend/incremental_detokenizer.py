@@ -17,7 +17,11 @@ def _decoder(tokenizer):
     """`tokenizer.decode` for a list of ints. A transformers tokenizer's `decode` first
     converts its argument element by element (`to_py_obj`, for tensors and arrays) and then
     calls `_decode`; ids here are a list of ints already, and that conversion was a quarter of
-    the detokenizer process's time streaming 256 requests (py-spy, H200)."""
+    the detokenizer process's time streaming 256 requests (py-spy, H200). Whisper's
+    tokenizer drops its timestamp tokens in `decode`, not in `_decode` (HF's text of a
+    transcription without timestamps has none of them): it is called through `decode`."""
+    if hasattr(tokenizer, "_filter_timestamp_ids"):
+        return tokenizer.decode
     return getattr(tokenizer, "_decode", None) or tokenizer.decode
 
 
