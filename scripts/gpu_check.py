@@ -350,37 +350,33 @@ def check_families(names: list[str] | None = None) -> bool:
 
 
 def check_serving() -> bool:
-    log = LOGS / "serving.log"
     # no py-spy inside the load (it stops the processes it samples); four HTTP processes
-    env = {**os.environ, "OUT": str(LOGS / "serving"), "NO_SPY": "1",
-           "SERVE_ARGS": "--api-server-count 4"}
-    with open(log, "w") as f:
-        code = subprocess.call(["bash", "benchmarks/serving_vs_offline.sh", "mt5-large", "128",
-                                "512", "64", "64", ""], cwd=ROOT, env=env, stdout=f,
-                               stderr=subprocess.STDOUT)
-    text = log.read_text()
-    lines = [ln.strip() for ln in text.splitlines()
-             if ln.startswith(("requests ", "offline engine")) or "TTFT" in ln or "ITL" in ln]
-    ok = code == 0 and "512/512" in text and "server / offline" in text
-    return verdict("serving", ok, " | ".join(lines) if ok else text[-3000:])
+    return _serving_part("serving", ["mt5-large", "128", "512", "64", "64", ""], 512,
+                         {"SERVE_ARGS": "--api-server-count 4"})
 
 
 def check_serving_audio() -> bool:
     """Issue 43's server figure: whisper-large-v3 (dummy bf16) behind `seq2serve serve`, 30 s
     WAV clips to /v1/audio/transcriptions at 128 at once (the offline engine on the same clips
     after), then Poisson arrivals at 2 and 4 clips a second (~250 s)."""
-    log = LOGS / "serving_audio.log"
-    env = {**os.environ, "OUT": str(LOGS / "serving_audio"), "NO_SPY": "1",
-           "AUDIO_SECONDS": "30", "WORKERS": "4", "RATE_SECONDS": "30"}
+    return _serving_part("serving-audio", ["whisper-large-v3", "128", "256", "0", "64", "2 4"],
+                         256, {"AUDIO_SECONDS": "30", "WORKERS": "4", "RATE_SECONDS": "30"})
+
+
+def _serving_part(name: str, args: list[str], requests: int, env: dict[str, str]) -> bool:
+    """benchmarks/serving_vs_offline.sh with `args`: every one of `requests` answered and the
+    server / offline ratio printed."""
+    log = LOGS / f"{name.replace('-', '_')}.log"
+    env = {**os.environ, "OUT": str(LOGS / name.replace("-", "_")), "NO_SPY": "1", **env}
     with open(log, "w") as f:
-        code = subprocess.call(["bash", "benchmarks/serving_vs_offline.sh", "whisper-large-v3",
-                                "128", "256", "0", "64", "2 4"], cwd=ROOT, env=env, stdout=f,
-                               stderr=subprocess.STDOUT)
+        code = subprocess.call(["bash", "benchmarks/serving_vs_offline.sh", *args], cwd=ROOT,
+                               env=env, stdout=f, stderr=subprocess.STDOUT)
     text = log.read_text()
     lines = [ln.strip() for ln in text.splitlines()
-             if ln.startswith(("requests ", "offline engine")) or "TTFT" in ln or "E2E" in ln]
-    ok = code == 0 and "256/256" in text and "server / offline" in text
-    return verdict("serving-audio", ok, " | ".join(lines) if ok else text[-3000:])
+             if ln.startswith(("requests ", "offline engine")) or "TTFT" in ln or "E2E" in ln
+             or "ITL" in ln]
+    ok = code == 0 and f"{requests}/{requests}" in text and "server / offline" in text
+    return verdict(name, ok, " | ".join(lines) if ok else text[-3000:])
 
 
 def main() -> int:
