@@ -86,12 +86,23 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--compile", action="store_true",
                     help="also time seq2serve's tower under torch.compile (one graph a batch size)")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="also time it under torch.compile with the batch dimension dynamic "
+                         "(one graph for every batch size)")
     args = ap.parse_args()
     cfg = Florence2VisionConfig.from_hf(SHAPES["florence-2-large"]["vision_config"])
     ours, hf = towers(cfg)
     variants = [("seq2serve", ours), ("hf", hf)]
     if args.compile:
         variants.append(("compiled", torch.compile(ours, dynamic=False)))
+    if args.dynamic:
+        dynamic = torch.compile(ours, dynamic=False)
+
+        def any_batch(pixels: torch.Tensor) -> torch.Tensor:
+            torch._dynamo.mark_dynamic(pixels, 0)
+            return dynamic(pixels)
+
+        variants.append(("dynamic", any_batch))
     peak, flops = matmul_peak_tflops(), tower_flops(cfg)
     print(f"bf16 matmul peak {peak:.0f} TFLOP/s; {flops / 1e12:.2f} TFLOP an image", flush=True)
     result = {"matmul_peak_tflops": peak, "tflop_per_image": flops / 1e12, "runs": []}
