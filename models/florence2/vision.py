@@ -7,10 +7,6 @@ groups, over all the image's tokens), both with depthwise-convolution position m
 MLP. The projector adds learned 2-D positions (column embedding, then row embedding, per
 channel) and the cosine table's first row, prepends the mean of the tokens, projects to the
 language model's width and normalises: [images, 1 + h * w, d_model].
-
-The tower keeps its activations channels-last, [B, H, W, C] (= [B, N, C] for the attention
-and MLP sublayers, a channels-last [B, C, H, W] view for the convolutions), so no layer copies
-them between the two layouts (HF's transposes cost a fifth of its eager CUDA time).
 """
 
 from __future__ import annotations
@@ -31,16 +27,12 @@ def _depthwise(dim: int) -> nn.Conv2d:
     return nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
 
 
-def _conv_nhwc(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """`conv` of [B, H, W, C] activations -> [B, H', W', C'] (the convolution reads and writes
-    them as channels-last [B, C, H, W] views; the copy is a no-op when it did)."""
-    y = conv(x.permute(0, 3, 1, 2))
-    return y.permute(0, 2, 3, 1).contiguous()
+def _channels_last_norm(norm: LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """`norm` over the channels of [B, C, H, W]."""
+    return norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class PatchEmbed(nn.Module):
-    """[B, H, W, C] -> [B, H', W', C'] (stage 0: [B, C, H, W] pixels in)."""
-
     def __init__(self, in_dim: int, dim: int, kernel: int, stride: int, padding: int,
                  pre_norm: bool) -> None:
         super().__init__()
@@ -50,8 +42,8 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_norm:
-            return _conv_nhwc(self.conv, self.norm(x))
-        return self.norm(_conv_nhwc(self.conv, x))
+            return self.conv(_channels_last_norm(self.norm, x))
+        return _channels_last_norm(self.norm, self.conv(x))
 
 
 class FeedForward(nn.Module):
@@ -126,15 +118,16 @@ class MixingBlock(nn.Module):
             self.channel_attn = ChannelAttention(dim, cfg.num_groups[stage], cfg.qkv_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, H, W, C] -> [B, H, W, C]."""
-        b, h, w, c = x.shape
-        x = _conv_nhwc(self.conv1, x) + x
+        b, c, h, w = x.shape
+        x = (self.conv1(x) + x).flatten(2).transpose(1, 2)  # [B, N, C]
         if self.spatial:
-            x = x + self.window_attn(self.norm1(x)).view(b, h, w, c)
+            x = x + self.window_attn(self.norm1(x).view(b, h, w, c))
         else:
-            x = x + self.channel_attn(self.norm1(x).view(b, h * w, c)).view(b, h, w, c)
-        x = _conv_nhwc(self.conv2, x) + x
-        return x + self.ffn(self.norm2(x))
+            x = x + self.channel_attn(self.norm1(x))
+        x = x.transpose(1, 2).reshape(b, c, h, w)
+        x = (self.conv2(x) + x).flatten(2).transpose(1, 2)
+        x = x + self.ffn(self.norm2(x))
+        return x.transpose(1, 2).reshape(b, c, h, w)
 
 
 class DaViTBlock(nn.Module):
@@ -148,8 +141,7 @@ class DaViTBlock(nn.Module):
 
 
 class DaViT(nn.Module):
-    """[B, C, H, W] pixels -> the last stage's features, channels-last: [B, h, w,
-    embed_dim[-1]]."""
+    """[B, C, H, W] pixels -> the last stage's features [B, embed_dim[-1], h, w]."""
 
     def __init__(self, cfg: Florence2VisionConfig) -> None:
         super().__init__()
@@ -162,7 +154,6 @@ class DaViT(nn.Module):
             for i, depth in enumerate(cfg.depths))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.permute(0, 2, 3, 1)  # (a view: the first convolution reads the pixels as given)
         for conv, blocks in zip(self.convs, self.blocks):
             x = conv(x)
             for block in blocks:
@@ -181,10 +172,11 @@ class Position2D(nn.Module):
         self.column_embeddings = nn.Embedding(rows, dim - dim // 2)
 
     def forward(self, h: int, w: int, device: torch.device) -> torch.Tensor:
-        """[h, w, C]."""
+        """[C, h, w]."""
         col = self.column_embeddings(torch.arange(w, device=device))  # [w, C - C/2]
         row = self.row_embeddings(torch.arange(h, device=device))  # [h, C/2]
-        return torch.cat([col[None].expand(h, w, -1), row[:, None].expand(h, w, -1)], dim=-1)
+        grid = torch.cat([col[None].expand(h, w, -1), row[:, None].expand(h, w, -1)], dim=-1)
+        return grid.permute(2, 0, 1)
 
 
 class ImageProjector(nn.Module):
@@ -200,9 +192,9 @@ class ImageProjector(nn.Module):
         self._first: torch.Tensor | None = None  # first_frame's row, made once
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        """[B, h, w, C] -> [B, 1 + h * w, projection_dim]."""
-        b, h, w, c = feats.shape
-        x = (feats + self.image_position_embed(h, w, feats.device)).view(b, h * w, c)
+        """[B, C, h, w] -> [B, 1 + h * w, projection_dim]."""
+        _, _, h, w = feats.shape
+        x = (feats + self.image_position_embed(h, w, feats.device)).flatten(2).transpose(1, 2)
         x = x + self.first_frame(x.dtype, x.device)
         x = torch.cat([x.mean(dim=1, keepdim=True), x], dim=1)
         return self.image_proj_norm(self.image_projection(x))
