@@ -148,6 +148,12 @@ class ModelFamily(nn.Module, ABC):
         """Project encoder states to every cross-attention layer's K/V, once, into the pool."""
         raise NotImplementedError(f"{type(self).__name__} has no cross-attention")
 
+    def compile_encoder(self) -> bool:
+        """`torch.compile` the encoder stage's heaviest part where that pays, and run it once
+        so no request compiles (`--compile-encoder`); False: the family has nothing to
+        compile (the default)."""
+        return False
+
     def warm_encoder_input(self) -> tuple[Any, list[int]] | None:
         """A model-owned encoder input (and its lengths) to compile the encoder with at
         start-up; None: a 2-token text input does."""

@@ -139,3 +139,23 @@ def test_no_model_member_is_probed_in_the_runtime():
     probes = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files
               for i, line in enumerate(p.read_text().splitlines(), 1) if _PROBE.search(line)]
     assert probes == []
+
+
+def test_compile_encoder_on_a_family_without_one_warns_and_serves(t5_dir, caplog):
+    """`--compile-encoder` on a family with nothing to compile (T5) is named in a warning,
+    not silently ignored, and the model serves as without it."""
+    from seq2serve.runtime.config.tokenizer import load_tokenizer
+    from seq2serve.tests.helpers import (
+        SOURCES,
+        hf_greedy,
+        make_scheduler,
+        request,
+        run_to_completion,
+    )
+
+    with caplog.at_level("WARNING", logger="seq2serve.runtime.executor.model_runner"):
+        sched = make_scheduler(t5_dir, compile_encoder=True)
+    assert "--compile-encoder: T5ForConditionalGeneration has no encoder part" in caplog.text
+    ids = load_tokenizer(t5_dir).encode(SOURCES[0])
+    sched.add_request(request("a", ids, max_new_tokens=6))
+    assert run_to_completion(sched)["a"] == hf_greedy(t5_dir, ids, 6)

@@ -68,6 +68,7 @@ class ServerArgs:
     disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
     cuda_graph_max_bs: int = 512  # largest decode batch captured (at most max_running_requests)
     cuda_graph_max_prefill_tokens: int = 32  # shorter prefills replay decode graphs (0: never)
+    compile_encoder: bool = False  # torch.compile Florence-2's image tower at start (~1 min)
     grammar_backend: str = "xgrammar"  # constrained decoding's matchers: xgrammar or llguidance
     # caches
     disable_radix_cache: bool = False  # turn off decoder prefix reuse

@@ -74,6 +74,9 @@ class ModelRunner:
         self.sampler = Sampler(model_config.suppressed_token_ids, self.device)
         # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
         self.model_optional_inputs = frozenset(self.model.optional_inputs)
+        if args.compile_encoder and not self.model.compile_encoder():
+            logger.warning("--compile-encoder: %s has no encoder part it compiles; ignored",
+                           type(self.model).__name__)
         if self.device.startswith("cuda") and model_config.arch.is_encoder_decoder:
             self._warm_encoder()
         self.graph_runner = None
