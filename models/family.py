@@ -127,6 +127,11 @@ class ModelFamily(nn.Module, ABC):
         tensors that overwrite it."""
         return 0
 
+    def convert_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A checkpoint tensor as the parameters `weight_map(name)` names hold it (a layout
+        that stores a matrix transposed: Florence-2's original projection)."""
+        return tensor
+
     def tie_missing(self, missing: set[str]) -> set[str]:
         """Fill what the checkpoint lacks and the config allows (a tied head); returns the
         parameters still missing."""

@@ -193,7 +193,7 @@ def load_weights(model: ModelFamily, files: list[str]) -> None:
                 targets = fp8_checkpoint.targets(model, name, params)
                 if targets is None:
                     raise ValueError(f"unexpected tensor {name!r} in {path}")
-                tensor = f.get_tensor(name)
+                tensor = model.convert_tensor(name, f.get_tensor(name))
                 for pname, shard in targets:
                     if pname not in params:
                         raise ValueError(

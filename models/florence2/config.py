@@ -10,6 +10,7 @@ from typing import Any
 
 from seq2serve.models.bart.config import BartConfig
 from seq2serve.models.family import FamilyConfig
+from seq2serve.models.florence2.original_layout import convert_config, is_original
 from seq2serve.models.florence2.tasks import TASKS, TASKS_WITH_INPUT
 from seq2serve.runtime.kernels.activations import ACTIVATIONS
 
@@ -72,11 +73,16 @@ class Florence2Config(FamilyConfig):
     vision: Florence2VisionConfig
     image_token_id: int  # the processor's placeholder for the image's features
     tie_head: bool  # lm_head shares the decoder's embedding (config.json's tie_word_embeddings)
+    # the checkpoint is in the original Hub layout (microsoft/Florence-2-*), not transformers 5's
+    original_layout: bool = False
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> Florence2Config:
         if "text_config" not in cfg or "vision_config" not in cfg:
             raise ValueError("config.json: Florence-2 needs text_config and vision_config")
+        original = is_original(cfg)
+        if original:
+            cfg = convert_config(cfg)
         text = dict(cfg["text_config"])
         text.setdefault("model_type", "bart")
         if text["model_type"] != "bart":
@@ -92,7 +98,8 @@ class Florence2Config(FamilyConfig):
                              f"{vision.projection_dim} differs from text_config.d_model "
                              f"{bart.d_model}")
         return cls(text=bart, vision=vision, image_token_id=int(cfg.get("image_token_id", 51289)),
-                   tie_head=bool(cfg.get("tie_word_embeddings", True)))
+                   tie_head=bool(cfg.get("tie_word_embeddings", True)),
+                   original_layout=original)
 
     # --- the pool shape: the language model's ----------------------------------------------
     is_encoder_decoder = True

@@ -21,6 +21,7 @@ import torch
 from seq2serve.models.bart.model import BartForConditionalGeneration
 from seq2serve.models.bart.positions import segment_positions
 from seq2serve.models.family import ModelFamily
+from seq2serve.models.florence2 import original_layout
 from seq2serve.models.florence2.config import Florence2Config
 from seq2serve.models.florence2.vision import DaViT, ImageProjector
 from seq2serve.models.florence2.weights import hf_to_param, load_priority
@@ -102,6 +103,10 @@ class Florence2ForConditionalGeneration(ModelFamily):
         return hf_to_param(name, self.cfg)
 
     load_priority = staticmethod(load_priority)
+
+    def convert_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The original layout's projection is stored transposed (`original_layout.py`)."""
+        return original_layout.as_stored(name, tensor) if self.cfg.original_layout else tensor
 
     def tie_missing(self, missing: set[str]) -> set[str]:
         """The head shares the decoder's embedding where the checkpoint has none and

@@ -1,11 +1,13 @@
 """Hugging Face Florence-2 tensor names (transformers 5's layout: `model.vision_tower.*`,
 `model.multi_modal_projector.*`, `model.language_model.*`, `lm_head.weight`) -> this model's
 parameters. The language model's are BART's map under the `language_model.` prefix; the
-vision tower's and the projector's keep their names."""
+vision tower's and the projector's keep their names. A checkpoint in the original Hub layout
+(`Florence2Config.original_layout`) is renamed first (`original_layout.py`)."""
 
 from __future__ import annotations
 
 from seq2serve.models.bart import weights as bart
+from seq2serve.models.florence2 import original_layout
 
 _LM = "model.language_model."
 _OWN = ("model.vision_tower.", "model.multi_modal_projector.")
@@ -15,6 +17,12 @@ _COMPUTED = "model.multi_modal_projector.visual_temporal_embed.pos_idx_to_embed"
 
 def hf_to_param(name: str, cfg) -> list[tuple[str, int | None]] | None:
     """The (parameter, shard) pairs a checkpoint tensor fills; [] to ignore; None if unknown."""
+    if cfg.original_layout:
+        if name in original_layout.IGNORED:
+            return []
+        name = original_layout.renamed(name)
+        if name is None:
+            return None
     if name == "lm_head.weight":
         return [("language_model.lm_head.weight", None)]
     if name.startswith(_LM):
