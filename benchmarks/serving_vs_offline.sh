@@ -8,7 +8,8 @@
 # search with N beams (requests answered whole; the server runs CONC x N rows); ENGINE_ARGS:
 # the offline engine's options as JSON (default: dummy weights, bf16, mem_fraction 0.9);
 # AUDIO_SECONDS=S: a Whisper shape's load, S-second WAV clips to /v1/audio/transcriptions
-# (`bench serving --audio-seconds`; [in] unused)
+# (`bench serving --audio-seconds`; [in] unused); SPY_AT, SPY_SECONDS, SPY_ARGS: when py-spy
+# starts (s after the server is up), for how long, more py-spy flags
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
@@ -32,7 +33,7 @@ echo "server ready after $SECONDS s"
 # and, where py-spy was carried (.whl), where the processes' time goes (collapsed stacks)
 (sleep ${SPY_AT:-3}; top -b -n 1 -w 200 | head -25 >"$OUTDIR/top_c$CONC.txt") &
 SPY=/tmp/site/bin/py-spy
-[ -x $SPY ] && [ -z "${NO_SPY:-}" ] && (sleep ${SPY_AT:-3}; $SPY record -p $SERVER --subprocesses -d 8 -r 200 -f raw ${SPY_ARGS:-} \
+[ -x $SPY ] && [ -z "${NO_SPY:-}" ] && (sleep ${SPY_AT:-3}; $SPY record -p $SERVER --subprocesses -d ${SPY_SECONDS:-8} -r 200 -f raw ${SPY_ARGS:-} \
     -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \

@@ -13,8 +13,10 @@ ValueError naming the problem (the HTTP layer makes it a 400, or a 413 for bytes
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +86,9 @@ def _decode(data: bytes) -> np.ndarray:
     import soxr
 
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with _readable(data) as src:
+            samples, rate = soundfile.read(src, dtype="float32", always_2d=True,
+                                           closefd=False)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
         raise ValueError(f"the audio cannot be decoded (WAV, FLAC, OGG or MP3 expected): "
                          f"{e}") from None
@@ -94,6 +98,28 @@ def _decode(data: bytes) -> np.ndarray:
     if rate != SAMPLING_RATE:
         mono = soxr.resample(mono, rate, SAMPLING_RATE, quality="HQ")
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+@contextlib.contextmanager
+def _readable(data: bytes) -> Iterator[int | io.BytesIO]:
+    """The bytes as libsndfile should read them: an in-memory file's descriptor (Linux's
+    memfd), which libsndfile reads in C with the GIL released. From a BytesIO it calls back
+    into Python for every block it reads, and each callback waits for the GIL: on a server
+    whose event loop and other decoder threads hold it, a 30 s WAV took ~120 ms a clip
+    instead of ~3 (the twenty-first session; a single API server decoded a fifth as fast as
+    four). Elsewhere, the BytesIO."""
+    if not hasattr(os, "memfd_create"):
+        yield io.BytesIO(data)
+        return
+    fd = os.memfd_create("seq2serve-audio", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _checked_samples(src: np.ndarray) -> np.ndarray:

@@ -233,6 +233,31 @@ def test_audio_decoding_resampling_and_limits(tmp_path):
         read_audio(encoded(np.zeros(0, np.float32), 16_000, "WAV"))
 
 
+def test_decoding_from_memory_is_libsndfiles_reading_and_leaves_no_descriptor_open():
+    """`read_audio` hands libsndfile an in-memory file's descriptor (no Python callbacks per
+    block): the samples are those libsndfile reads from a file-like object, and neither a
+    good file nor a corrupt one leaves a descriptor behind."""
+    import io
+    import os
+
+    import soundfile
+
+    rng = np.random.default_rng(0)
+    noise = (0.3 * rng.standard_normal(16_000 * 3)).astype(np.float32)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    for fmt, subtype in (("WAV", "PCM_16"), ("WAV", "PCM_24"), ("WAV", "FLOAT"),
+                         ("FLAC", None), ("OGG", None), ("MP3", None)):
+        data = encoded(noise, 16_000, fmt, subtype)
+        expected, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+        assert rate == 16_000
+        np.testing.assert_array_equal(read_audio(data), expected, err_msg=f"{fmt} {subtype}")
+    for bad in (b"RIFF" + b"\0" * 40, b"not audio at all"):
+        with pytest.raises(ValueError, match="cannot be decoded"):
+            read_audio(bad)
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_audio_over_one_window_is_refused_at_start(ckpt):
     with pytest.raises(ValueError, match="max_audio_seconds 45: .* not cut into windows yet"):
         AudioProcessor(ckpt["english"], "m", 80, 1500, AudioLimits(max_seconds=45))
