@@ -464,18 +464,22 @@ def test_bench_serving_sends_clips_to_transcriptions(servers):
     """`bench serving --audio-seconds`: WAV clips to /v1/audio/transcriptions, streamed (and
     with beams answered whole), every answer exactly --output-len tokens; the offline engine
     on the same clips and length for --compare-offline."""
-    from seq2serve.runtime.bench.serving import measure, workload
+    from seq2serve.runtime.bench.serving import measure, warmup_workload, workload
     from seq2serve.runtime.bench.serving_offline import compare_offline
 
     url = servers["multilingual"].url
-    res = measure(url, 4, 0, 6, 2, None, audio_seconds=2.0)
+    res = measure(url, 4, 0, 6, 2, None, audio_seconds=2.0, warmup=None)
     assert (res["completed"], res["failed"], res["output_tokens"]) == (4, 0, 24), res["errors"]
+    # a warm-up round of two clips the load does not repeat (the encoder cache cannot answer)
+    assert (res["warmup"]["completed"], res["warmup"]["output_tokens"]) == (2, 12)
+    assert not set(warmup_workload(2, 0, 0, 2.0)) & set(workload(4, 0, audio_seconds=2.0))
     # (inter-token gaps only where a clip's text arrived in more than one delta)
     assert 0 < res["ttft"]["p50_ms"] <= res["e2e"]["p50_ms"] and res["audio_seconds"] == 2.0
     beams = measure(url, 2, 0, 5, 2, None, num_beams=2, audio_seconds=2.0)
     assert (beams["completed"], beams["output_tokens"]) == (2, 10), beams["errors"]
     offline = compare_offline(url, workload(4, 0, audio_seconds=2.0), 6, 2,
-                              {"device": "cpu", "dtype": "float32"})
+                              {"device": "cpu", "dtype": "float32"},
+                              warmup_prompts=warmup_workload(2, 0, 0, 2.0))
     assert offline["output_tokens"] == 24
     with pytest.raises(ValueError, match="audio-seconds must be in"):
         workload(1, 0, audio_seconds=31)

@@ -74,7 +74,37 @@ def test_cli_with_workers_and_compare_offline(server, tmp_path, capsys):
     assert off["model_path"] == str(default_demo_path()) and off["output_tokens"] == 4 * 5
     assert res["server_over_offline"] == pytest.approx(
         res["output_tokens_per_s"] / off["output_tokens_per_s"])
-    assert "server / offline" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "server / offline" in out and "warm-up (not in the figures below): 2/2" in out
+    assert res["warmup"]["completed"] == 2  # the default: one round of --concurrency
+
+
+def _generated_tokens(url: str) -> float:
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return float(next(ln.split()[-1] for ln in text.splitlines()
+                      if ln.startswith("seq2serve_generation_tokens_total")))
+
+
+def test_a_warm_up_round_runs_first_and_stays_out_of_the_figures(server):
+    """By default (`warmup=None`) one round of the load's concurrency runs before the timed
+    load, with prompts the load does not repeat; the server generates for both, the figures
+    count only the load's, and the warm-up's come apart."""
+    from seq2serve.runtime.bench.serving import warmup_count, warmup_workload, workload
+
+    before = _generated_tokens(server.url)
+    res = measure(server.url, 4, 4, 5, 3, None, warmup=None)
+    assert (res["completed"], res["output_tokens"]) == (4, 4 * 5), res["errors"]
+    w = res["warmup"]
+    assert (w["completed"], w["output_tokens"]) == (3, 3 * 5), w["errors"]
+    assert _generated_tokens(server.url) - before == (4 + 3) * 5
+    assert not set(warmup_workload(3, 4, 0, None)) & set(workload(4, 4, 0))
+    assert [warmup_count(100, 8, None), warmup_count(5, 8, None), warmup_count(100, None, 2.6),
+            warmup_count(100, None, 0.2)] == [8, 5, 3, 1]
+    assert measure(server.url, 2, 4, 5, 2, None)["warmup"] is None  # (the function: none)
+    with pytest.raises(ValueError, match="warmup-requests"):
+        measure(server.url, 1, 1, 1, 1, None, warmup=-1)
 
 
 def test_sse_lines_split_at_line_feeds_only():

@@ -5,7 +5,14 @@ bench_serving's figures: request and output token throughput, time to first toke
 inter-token and end-to-end latency (mean, p50, p90, p99); with `--compare-offline` the
 offline engine's throughput on the same workload (serving_offline.py) and the ratio. With
 `--audio-seconds` the requests are WAV clips to /v1/audio/transcriptions (a speech model's
-server), each answered with exactly `--output-len` tokens."""
+server), each answered with exactly `--output-len` tokens.
+
+Before the timed load, a warm-up round of distinct requests (`--warmup-requests`; by default
+one round at the load's concurrency) runs the server's first batches of each size: on a
+fresh machine those compile Triton kernel variants (whisper-large-v3 on an H200: ~1.1 s in
+its first encoder pass and ~1.4 s in its first decoder step, twenty-first session) that a
+running server pays once. The offline engine is warmed with the same requests. The warm-up's
+own figures are reported apart (`warmup`), so a cold start stays visible."""
 
 from __future__ import annotations
 
@@ -38,6 +45,10 @@ def add_serving_parser(sub) -> None:
                    help="send distinct synthetic clips this long (at most 30) as WAV files to "
                         "/v1/audio/transcriptions instead of text prompts (--input-len unused; "
                         "streamed, language en, min_tokens = max_tokens = --output-len)")
+    p.add_argument("--warmup-requests", type=int, default=None,
+                   help="distinct requests sent (all at once) before the timed load, reported "
+                        "apart (default: one round, the concurrency or the rate's requests in "
+                        "one second; 0: none)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
@@ -58,35 +69,69 @@ def workload(num_requests: int, input_len: int, seed: int = 0,
 def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
             concurrency: int | None, rate: float | None, workers: int = 1,
             api_key: str | None = None, seed: int = 0, num_beams: int = 1,
-            audio_seconds: float | None = None) -> dict:
+            audio_seconds: float | None = None, warmup: int | None = 0) -> dict:
     """One load's figures (`concurrency` None: Poisson arrivals at `rate`), merged over
-    `workers` client processes."""
+    `workers` client processes, after `warmup` distinct requests sent at once (None: one
+    round, `warmup_count`), whose own figures come as `warmup`."""
     from seq2serve.runtime.bench.serving_workers import run_workers
 
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     if num_beams < 1:
         raise ValueError(f"--num-beams must be at least 1, got {num_beams}")
+    if warmup is None:
+        warmup = warmup_count(num_requests, concurrency, rate)
+    if warmup < 0:
+        raise ValueError(f"--warmup-requests must be at least 0, got {warmup}")
     prompts = workload(num_requests, input_len, seed, audio_seconds)
     spec = LoadSpec(base_url, tuple(prompts), output_len, concurrency, rate, api_key, seed,
                     num_beams=num_beams)
-    return run_workers(spec, workers) | {"concurrency": concurrency, "rate": rate,
-                                         "num_beams": num_beams,
-                                         "audio_seconds": audio_seconds}
+    warm = None
+    if warmup:
+        warm_spec = LoadSpec(base_url, tuple(warmup_workload(warmup, input_len, seed,
+                                                              audio_seconds)),
+                             output_len, warmup, None, api_key, seed, num_beams=num_beams,
+                             progress=False)
+        warm = run_workers(warm_spec, 1)
+    res = run_workers(spec, workers)
+    return res | {"concurrency": concurrency, "rate": rate, "num_beams": num_beams,
+                  "audio_seconds": audio_seconds, "warmup": warm}
+
+
+def warmup_count(num_requests: int, concurrency: int | None, rate: float | None) -> int:
+    """The default warm-up: one round of the load (its concurrency, or a second of its
+    arrivals), no more requests than the load has."""
+    per_round = concurrency if concurrency else max(1, round(rate or 1))
+    return min(per_round, num_requests)
+
+
+def warmup_workload(n: int, input_len: int, seed: int,
+                    audio_seconds: float | None) -> list[str | bytes]:
+    """`n` requests none of the load's prompts repeats (another seed): the server's caches
+    (radix, encoder) cannot answer the timed load from them."""
+    return workload(n, input_len, seed + 1_000_003, audio_seconds)
 
 
 def _serving(args) -> dict:
     res = measure(args.base_url, args.num_requests, args.input_len, args.output_len,
                   None if args.request_rate else args.concurrency, args.request_rate,
-                  args.workers, args.api_key, args.seed, args.num_beams, args.audio_seconds)
+                  args.workers, args.api_key, args.seed, args.num_beams, args.audio_seconds,
+                  args.warmup_requests)
+    if res["warmup"]:
+        w = res["warmup"]
+        print(f"warm-up (not in the figures below): {w['completed']}/{w['requests']} requests "
+              f"in {w['seconds']:.2f} s", flush=True)
     print_summary(res)
     if args.compare_offline:
         from seq2serve.runtime.bench.serving_offline import compare_offline
 
+        warm = res["warmup"]["requests"] if res["warmup"] else 0
         res["offline"] = compare_offline(
             args.base_url, workload(args.num_requests, args.input_len, args.seed,
                                     args.audio_seconds),
-            args.output_len, res["concurrency"], json.loads(args.engine_args), args.num_beams)
+            args.output_len, res["concurrency"], json.loads(args.engine_args), args.num_beams,
+            warmup_prompts=warmup_workload(warm, args.input_len, args.seed,
+                                           args.audio_seconds) if warm else None)
         res["server_over_offline"] = (res["output_tokens_per_s"]
                                       / res["offline"]["output_tokens_per_s"])
         print(f"offline engine: {res['offline']['output_tokens_per_s']:.1f} output tok/s; "

@@ -11,11 +11,13 @@ import time
 
 
 def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len: int,
-                    concurrency: int | None, engine_args: dict, num_beams: int = 1) -> dict:
+                    concurrency: int | None, engine_args: dict, num_beams: int = 1,
+                    warmup_prompts: list[str] | list[bytes] | None = None) -> dict:
     """The engine's output tokens/s over `prompts`, all submitted at once with at most
     `concurrency` requests running (None: all; with beams, that many times num_beams rows),
-    after a short warm-up. Audio files (bytes) go in as `audio_data` with the server's
-    decoder prompt (English, no timestamps) and exactly `output_len` tokens each."""
+    after a warm-up: `warmup_prompts` as the server's warm-up sent them (None: two short
+    requests). Audio files (bytes) go in as `audio_data` with the server's decoder prompt
+    (English, no timestamps) and exactly `output_len` tokens each."""
     import httpx
 
     from seq2serve import Seq2SeqEngine
@@ -35,8 +37,11 @@ def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len:
         sp = {**sp, "ignore_eos": False, "min_new_tokens": output_len}
         inputs = lambda p: {"audio_data": p, "decoder_input_ids": [ids] * len(p)}  # noqa: E731
     with Seq2SeqEngine(model_path=info["model_path"], **opts) as engine:
-        engine.generate(**inputs(prompts[:2]), sampling_params={**sp, "max_new_tokens": 2,
-                                                               "min_new_tokens": 0})
+        if warmup_prompts:
+            engine.generate(**inputs(warmup_prompts), sampling_params=sp)
+        else:
+            engine.generate(**inputs(prompts[:2]), sampling_params={
+                **sp, "max_new_tokens": 2, "min_new_tokens": 0})
         engine.flush_cache()
         start = time.perf_counter()
         outs = engine.generate(**inputs(prompts), sampling_params=sp)
