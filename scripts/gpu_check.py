@@ -37,9 +37,9 @@ Parts, each ending in one verdict line (`PASS` / `FAIL`):
 Logs and bench JSON go to $OUT (the lent machine's return folder) or /tmp/gpu_check. The exit
 status is the number of failed parts. `--only tests,serve,bench,serving,families` runs a
 subset; the tests part alone has outgrown one 600 s call of a lent machine, so `--only
-tests-fast` (with GPU_CHECK_WORKERS=16) and `--only tests-slow` (GPU_CHECK_WORKERS=6) split it
-in two, and `serve` (~330 s), `bench` (~260 s) and `families` overrun one call together: run
-them apart (and with Whisper, `families` itself: `--families bart-large-cnn,florence-2-large`
+tests-fast` (with GPU_CHECK_WORKERS=16), `--only tests-slow` (GPU_CHECK_WORKERS=6) and `--only
+tests-florence` (Florence-2's two, ~480 s) split it in three, and `serve` (~330 s), `bench`
+(~260 s) and `families` overrun one call together: run them apart (and with Whisper, `families` itself: `--families bart-large-cnn,florence-2-large`
 and `--families whisper-large-v3` in two calls). Write the output to a file under $OUT rather
 than through a pipe, so a call that times out still returns the verdicts printed so far.
 """
@@ -89,8 +89,12 @@ SLOW_TESTS = [
     "tests/test_whisper_kernels.py::test_whisper_engine_starts_and_transcribes_on_the_gpu",
     "tests/test_gpu.py::test_new_families_match_hf_with_graphs_in_float32[t5gemma_gqa_capped]",
     "tests/test_gpu.py::test_new_families_match_hf_with_graphs_in_float32[t5gemma_mha_untied]",
+]
+# Florence-2's two GPU tests took 450 and 481 s on an H200 run together (twenty-first
+# session): a part of their own, `tests-florence`, which `tests-fast` leaves out too
+FLORENCE_TESTS = [
     "tests/test_gpu.py::test_florence2_matches_hf_with_graphs",
-    "tests/test_gpu.py::test_florence2_compiled_tower_matches_hf",  # (two compiles, ~100 s)
+    "tests/test_gpu.py::test_florence2_compiled_tower_matches_hf",
 ]
 GATE_TESTS = ["tests/test_gpu.py", "tests/test_triton_kernels.py", "tests/test_triton_ops.py",
               "tests/test_scoring.py", "tests/test_gpu_quantization.py",
@@ -101,13 +105,17 @@ GATE_TESTS = ["tests/test_gpu.py", "tests/test_triton_kernels.py", "tests/test_t
 
 
 def check_tests(which: str = "tests") -> bool:
-    """`which`: tests (every gate test), tests-fast (all but SLOW_TESTS), tests-slow."""
+    """`which`: tests (every gate test), tests-fast (all but SLOW_TESTS and FLORENCE_TESTS),
+    tests-slow, tests-florence."""
     log = LOGS / f"gpu_{which.replace('-', '_')}.log"
     start = time.monotonic()
     if which == "tests-slow":
         selection = SLOW_TESTS
+    elif which == "tests-florence":
+        selection = FLORENCE_TESTS
     else:
-        skip = [a for t in SLOW_TESTS for a in ("--deselect", t)] if which == "tests-fast" else []
+        skip = ([a for t in SLOW_TESTS + FLORENCE_TESTS for a in ("--deselect", t)]
+                if which == "tests-fast" else [])
         selection = GATE_TESTS + skip
     with open(log, "w") as f:
         # several workers: most of the time is Triton compiling kernel variants on the CPU
@@ -401,7 +409,7 @@ def main() -> int:
     (LOGS / "verdicts.txt").unlink(missing_ok=True)
     parts = args.only.split(",")
     results = []
-    for which in ("tests", "tests-fast", "tests-slow"):
+    for which in ("tests", "tests-fast", "tests-slow", "tests-florence"):
         if which in parts:
             results.append(check_tests(which))
     if "serve" in parts:
