@@ -39,8 +39,9 @@ status is the number of failed parts. `--only tests,serve,bench,serving,families
 subset; the tests part alone has outgrown one 600 s call of a lent machine, so `--only
 tests-fast` (with GPU_CHECK_WORKERS=16), `--only tests-slow` (GPU_CHECK_WORKERS=6) and `--only
 tests-florence` (Florence-2's two, ~480 s) split it in three, and `serve` (~330 s), `bench`
-(~260 s) and `families` overrun one call together: run them apart (and with Whisper, `families` itself: `--families bart-large-cnn,florence-2-large`
-and `--families whisper-large-v3` in two calls). Write the output to a file under $OUT rather
+(~260 s) and `families` overrun one call together: run them apart (and with Whisper,
+`families` itself: `--families bart-large-cnn,florence-2-large` and `--families
+whisper-large-v3` in two calls). Write the output to a file under $OUT rather
 than through a pipe, so a call that times out still returns the verdicts printed so far.
 """
 
