@@ -258,6 +258,20 @@ def test_decoding_from_memory_is_libsndfiles_reading_and_leaves_no_descriptor_op
         assert len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_max_running_requests_windows_decode_together_in_the_default_pools(ckpt):
+    """The cross pool planned for `max_running_requests` holds that many windows' pages: a
+    window's 1,500 positions take 94 pages of 16 (1,504 slots), and a pool of 3 x 1,500 slots
+    ran only two at once (whisper-large-v3 served 127 of 128 on an H200)."""
+    clips = [clip(40 + i, 3.0) for i in range(3)]
+    with Seq2SeqEngine(model_path=ckpt["english"], device="cpu", dtype="float32",
+                       max_running_requests=3) as engine:
+        outs = engine.generate(audio_data=clips, sampling_params={
+            "max_new_tokens": 3, "min_new_tokens": 3, "temperature": 0})
+        stats = engine.stats()
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [3, 3, 3]
+    assert stats["max_batch_by_mode"]["decode"] == 3, stats["max_batch_by_mode"]
+
+
 def test_audio_over_one_window_is_refused_at_start(ckpt):
     with pytest.raises(ValueError, match="max_audio_seconds 45: .* not cut into windows yet"):
         AudioProcessor(ckpt["english"], "m", 80, 1500, AudioLimits(max_seconds=45))

@@ -110,6 +110,7 @@ class ModelRunner:
             max_running=a.max_running_requests, context_len=self.context_len,
             max_encoder_len=self.max_encoder_len, cross_fraction=a.cross_kv_fraction,
             max_total_tokens=a.max_total_tokens, max_cross_tokens=a.max_cross_tokens,
+            page_size=a.page_size,
         )
         if self.tp.size > 1:  # the scheduler's books name the same slots on every rank
             plan = _agree(plan)

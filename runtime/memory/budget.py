@@ -36,10 +36,14 @@ def available_bytes(device: str, mem_fraction: float) -> int:
 def plan_pools(*, budget_bytes: int, self_bytes_per_token: int, cross_bytes_per_token: int,
                max_running: int, context_len: int, max_encoder_len: int,
                cross_fraction: float | None, max_total_tokens: int | None,
-               max_cross_tokens: int | None) -> PoolPlan:
-    """Split the budget between decoder KV and cross KV; explicit sizes win over the budget."""
-    self_cap = max_running * context_len  # more than every running request could ever use
-    cross_cap = max_running * max_encoder_len if cross_bytes_per_token else 0
+               max_cross_tokens: int | None, page_size: int = 1) -> PoolPlan:
+    """Split the budget between decoder KV and cross KV; explicit sizes win over the budget.
+    The caps (every running request at its longest) count whole pages: a request's 1,500
+    encoder positions take 94 pages of 16, 1,504 slots, and a cap of 1,500 a request held one
+    request fewer than `max_running`."""
+    self_cap = max_running * _whole_pages(context_len, page_size)
+    cross_cap = (max_running * _whole_pages(max_encoder_len, page_size)
+                 if cross_bytes_per_token else 0)
     if cross_fraction is None:
         # by what a long request of each kind would take (decoder length capped: long-context
         # models would otherwise starve the cross pool)
@@ -59,3 +63,8 @@ def plan_pools(*, budget_bytes: int, self_bytes_per_token: int, cross_bytes_per_
             f"weights); raise mem_fraction or set max_total_tokens / max_cross_tokens"
         )
     return PoolPlan(max_total_tokens, max_cross_tokens, budget_bytes)
+
+
+def _whole_pages(tokens: int, page_size: int) -> int:
+    """`tokens` rounded up to whole pages of `page_size`."""
+    return -(-tokens // page_size) * page_size
