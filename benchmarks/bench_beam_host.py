@@ -1,7 +1,8 @@
 """The host's per-step beam search work on the CPU, without a model: N fake groups of k beams
 (rows 40 tokens into a decode, 16-token pages), timed piece by piece as the scheduler runs them
 each decode step: `advance` of every group (the step's candidates as the sampler hands them
-over), `RequestMemory.follow_beams` (beams that reorder), `StepLauncher._beam_moves`,
+over), `RequestMemory.follow_beams` (beams that reorder: the beam book's step of all groups),
+the beam rows' decode columns (`schedule_batch._beam_columns`), `StepLauncher._beam_moves`,
 `step_plan.lay_out` and `step_plan.rows_ahead`.
 
     python benchmarks/bench_beam_host.py --groups 512 --beams 4
@@ -16,9 +17,11 @@ import numpy as np
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.scheduler import beam_search
+from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookTokens
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
+from seq2serve.runtime.scheduler.schedule_batch import _beam_columns
 from seq2serve.runtime.scheduler.step_launcher import StepLauncher
 from seq2serve.runtime.scheduler.step_plan import lay_out, rows_ahead
 
@@ -101,23 +104,46 @@ def main() -> None:
 
     memory = RequestMemory.__new__(RequestMemory)
     memory.token_to_kv, memory.page_size = _Pool(), PS
-    base = [[(list(r.output_ids), list(r.kv_pages)) for r in g.rows] for g in groups]
-    moved = [[(0, 9), (0, 10), (1, 11), (2, 12)][:args.beams] for _ in groups]
-    for c in moved:
-        c += [(j, 13) for j in range(len(c), args.beams)]
+    book = memory.beam_book = BeamBook(args.groups * args.beams,
+                                       args.groups * args.beams * (DONE // PS + 1), PS)
+    for g in groups:  # (into the book as a first step leaves a group, with their histories)
+        book.enter(g, [r.req_pool_idx for r in g.rows], [list(r.kv_pages) for r in g.rows],
+                   [0] * args.beams, 0)
+        book._fit(tokens=DONE)
+        for r in g.rows:
+            book.tokens[r.req_pool_idx, :DONE] = r.output_ids
+            r.output_ids = BookTokens(book, r.req_pool_idx, g)
+            r.kv_pages = BookPages(book, r.req_pool_idx, g)
+        g.steps = DONE
+    moved = [(0, 9), (0, 10), (1, 11), (2, 12)][:args.beams]
+    moved += [(j, 13) for j in range(len(moved), args.beams)]
+    parents = np.array([i * args.beams + p for i in range(args.groups) for p, _ in moved])
+    next_tokens = np.array([t for _ in groups for _, t in moved])
+    saved_book = (book.pages.copy(), book.tokens.copy(), book.refs.copy(),
+                  [(g.steps, g.held, g.peak_pages) for g in groups])
 
-    def follow() -> None:
-        for g, c in zip(groups, moved):
-            memory.follow_beams(g, c, DONE + 1)
+    def restore() -> None:
+        book.pages[:], book.tokens[:], book.refs[:] = saved_book[:3]
+        for g, (steps, held, peak) in zip(groups, saved_book[3]):
+            g.steps, g.held, g.peak_pages = steps, held, peak
+            for r in g.rows:
+                r.kv_len = DONE
 
     def follow_timed() -> float:
         best = float("inf")
         for _ in range(args.reps):
-            for g, b in zip(groups, base):
-                for r, (out, pages) in zip(g.rows, b):
-                    r.output_ids, r.kv_pages = list(out), list(pages)
+            restore()
             t = time.perf_counter()
-            follow()
+            memory.follow_beams(groups, parents, next_tokens)
+            best = min(best, time.perf_counter() - t)
+        return best * 1e3
+
+    def columns_timed() -> float:
+        best = float("inf")
+        for _ in range(args.reps):
+            restore()
+            t = time.perf_counter()
+            _beam_columns(groups, memory)
             best = min(best, time.perf_counter() - t)
         return best * 1e3
 
@@ -126,6 +152,7 @@ def main() -> None:
     results = {
         "advance": timed(run_advance, args.reps),
         "follow_beams": follow_timed(),
+        "decode columns": columns_timed(),
         "_beam_moves": timed(lambda: launcher._beam_moves(groups, 1), args.reps),
         "lay_out": timed(lambda: lay_out(reqs, reqs), args.reps),
         "rows_ahead": timed(lambda: rows_ahead(reqs, reqs, PS), args.reps),

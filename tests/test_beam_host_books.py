@@ -1,17 +1,20 @@
 """The host's per-step beam books, rewritten for speed, against the code they replaced (kept
 here as references): `StepLauncher._beam_moves` and `step_plan.lay_out` / `rows_ahead`, and
-`RequestMemory.follow_beams` (pages freed, rows' pages and outputs, the group's peak; its
-reference is the code before the rewrite that frees from dropped rows only), on random fake
-groups (rows sharing page prefixes as beams do). No model."""
+the beam book's step (`RequestMemory.follow_beams` over all groups at once, and
+`alloc_beam_next`) against the per-group list books it replaced (pages freed, rows' pages and
+outputs, the group's peak), on random fake groups (rows sharing page prefixes as beams do).
+No model."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookTokens
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
@@ -24,9 +27,14 @@ PS = 16
 class _Allocator:
     def __init__(self) -> None:
         self.freed: list[list[int]] = []
+        self.next = 5000  # (pages handed out by alloc: above every page make_groups uses)
 
     def free(self, pages) -> None:
         self.freed.append(list(pages))
+
+    def alloc(self, n: int) -> list[int]:
+        self.next += n
+        return list(range(self.next - n, self.next))
 
 
 class _Pool:
@@ -39,7 +47,26 @@ class _Pool:
 def _memory() -> RequestMemory:
     m = RequestMemory.__new__(RequestMemory)
     m.token_to_kv, m.page_size = _Pool(), PS
+    m.beam_book = BeamBook(400, 8192, PS)
     return m
+
+
+def _into_book(m: RequestMemory, groups: list[BeamGroup]) -> None:
+    """The groups' list books (make_groups) moved into `m`'s beam book, as a first step
+    leaves them, with their whole histories; their peaks as they were."""
+    book = m.beam_book
+    for g in groups:
+        if len(g.rows) == 1:
+            continue
+        peak, done = g.peak_pages, len(g.rows[0].output_ids)
+        book.enter(g, [r.req_pool_idx for r in g.rows], [list(r.kv_pages) for r in g.rows],
+                   [0] * len(g.rows), g.rows[0].prefix_pages)
+        book._fit(tokens=done)
+        for r in g.rows:
+            book.tokens[r.req_pool_idx, :done] = r.output_ids
+            r.output_ids = BookTokens(book, r.req_pool_idx, g)
+            r.kv_pages = BookPages(book, r.req_pool_idx, g)
+        g.steps, g.peak_pages = done, peak
 
 
 def reference_follow_beams(self, group, choices, length):
@@ -47,6 +74,10 @@ def reference_follow_beams(self, group, choices, length):
     if all(p == j for j, (p, _) in enumerate(choices)):
         for row, (_, token) in zip(old, choices):
             row.output_ids.append(token)
+        # (the list books kept the peak as it was here; the beam book counts it every step)
+        pre = old[0].prefix_pages
+        held = {pg for r in old for pg in r.kv_pages[pre:]}
+        group.peak_pages = max(group.peak_pages, pre + len(held))
         return
     full, pre = length // self.page_size, old[0].prefix_pages
     pages = [old[p].kv_pages[:full] + row.kv_pages[full:] for row, (p, _) in zip(old, choices)]
@@ -141,23 +172,75 @@ def _books(groups):
              g.peak_pages) for g in groups]
 
 
+def reference_alloc_next(self, reqs):
+    ps, alloc, slots = self.page_size, self.token_to_kv.allocator.alloc, []
+    for r in reqs:
+        pos, pages = r.kv_len, r.kv_pages
+        if pos == len(pages) * ps:
+            pages.append(alloc(1)[0])
+        r.kv_len = pos + 1
+        slots.append(pages[pos // ps] * ps + pos % ps)
+    return slots
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_follow_beams_matches_reference(seed):
+    """Every group's step at once in the beam book == the list books, group by group (then a
+    second step on the result, which the book's first step left)."""
     rng = random.Random(seed)
     states = []
-    for follow in (RequestMemory.follow_beams, reference_follow_beams):
+    for in_book in (True, False):
         rng.seed(seed)
         groups, m = make_groups(rng, 60), _memory()
-        for g in groups:
-            k = len(g.rows)
-            if rng.random() < 0.2:
-                choices = [(j, rng.randrange(100)) for j in range(k)]  # every row runs on
+        if in_book:
+            _into_book(m, groups)
+        for _ in range(2):
+            steps = []
+            for g in groups:
+                k = len(g.rows)
+                if rng.random() < 0.2:
+                    choices = [(j, rng.randrange(100)) for j in range(k)]  # every row runs on
+                else:
+                    choices = [(rng.randrange(k), rng.randrange(100)) for _ in range(k)]
+                steps.append(choices)
+            if in_book:
+                offsets = np.cumsum([0] + [len(g.rows) for g in groups])
+                parents = np.array([offsets[i] + p for i, c in enumerate(steps)
+                                    for p, _ in c])
+                tokens = np.array([t for c in steps for _, t in c])
+                m.follow_beams(groups, parents, tokens)
             else:
-                choices = [(rng.randrange(k), rng.randrange(100)) for _ in range(k)]
-            length = g.rows[0].kv_len  # positions written (the head's fill ids)
-            follow(m, g, choices, length)
+                for g, choices in zip(groups, steps):
+                    # positions written: the head's fill ids
+                    reference_follow_beams(m, g, choices, g.rows[0].seq_len)
         states.append((_books(groups), sorted(p for f in m.token_to_kv.allocator.freed
                                               for p in f)))
+        if in_book:
+            for g in groups:  # the book's own accounting agrees with its rows
+                m.beam_book.owned(g, g.rows[0].prefix_pages)
+    assert states[0] == states[1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_alloc_beam_next_matches_reference(seed):
+    """The beam rows' next slots from the book (a page more for each row at a page boundary)
+    == the per-row list books' (`alloc_next` as it was)."""
+    rng = random.Random(seed)
+    states = []
+    for in_book in (True, False):
+        rng.seed(seed)
+        groups, m = make_groups(rng, 40), _memory()
+        for g in groups:  # (rows at a page boundary, and rows inside a page)
+            for r in g.rows:
+                r.kv_len = len(r.kv_pages) * PS - rng.choice([0, 0, 3])
+            for r in g.rows[1:]:
+                r.kv_len = g.rows[0].kv_len
+        if in_book:
+            _into_book(m, groups)
+            slots = m.alloc_beam_next(groups).tolist()
+        else:
+            slots = reference_alloc_next(m, [r for g in groups for r in g.rows])
+        states.append((slots, _books(groups), [r.kv_len for g in groups for r in g.rows]))
     assert states[0] == states[1]
 
 
@@ -168,7 +251,9 @@ def test_beam_moves_matches_reference(seed):
     if seed % 3 == 0:  # one stop set for all (the usual case)
         for g in groups:
             g.stop_ids = frozenset({1})
-    launcher = StepLauncher(None, _memory(), 100, (1,), "cpu")
+    m = _memory()
+    _into_book(m, groups)
+    launcher = StepLauncher(None, m, 100, (1,), "cpu")
     for pending in (0, 1):
         got = launcher._beam_moves(groups, pending)
         want = reference_beam_moves(launcher, groups, pending)

@@ -154,7 +154,7 @@ class SamplingBatch:
             width = max(1, max(len(s) for s in seqs))
             t = torch.full((len(seqs), width), vocab_size, dtype=torch.int64)
             for i, s in enumerate(seqs):
-                t[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
+                t[i, : len(s)] = torch.tensor(list(s), dtype=torch.int64)  # (a beam row's: a view)
             return t.to(device, non_blocking=True)
 
         stamped = ([i for i, sp in enumerate(sps) if sp.timestamps]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,13 @@ class BeamGroup:
     done: bool = False
     peak_pages: int = 0  # most decoder KV pages the group held at once
     forced: int = 0  # forced prompt tokens HF counts as generated (TokenizedRequest.decoder_forced)
+    # in the beam book (beam_book.py) from the group's first step on: its rows' table rows,
+    # and, shared by every row, the tokens each generated and the pages each holds; `held`:
+    # the distinct pages its rows hold past the radix-owned prefix
+    table_rows: Any = None  # np.ndarray [rows] int64, or None while out of the book
+    steps: int = 0
+    npages: int = 0
+    held: int = 0
 
     @property
     def num_beams(self) -> int:
@@ -50,6 +58,15 @@ class BeamGroup:
         """Candidates per step: enough that num_beams survive even if the others all stop.
         (Fixed for the group's life: its sampling params and stop ids do not change.)"""
         return max(2, 1 + len(self.stop_ids)) * self.num_beams
+
+    @cached_property
+    def rule(self) -> tuple[int, int, int, int, bool, bool]:
+        """The group's fixed columns in `advance_group_arrays`: num_beams, keep, forced,
+        max_new_tokens, early_stopping is True, and whether a running beam's best is judged
+        at the length limit (early_stopping "never" with a positive length penalty)."""
+        sp = self.rows[0].sampling_params
+        return (sp.num_beams, self.keep, self.forced, sp.max_new_tokens,
+                sp.early_stopping is True, sp.early_stopping == "never" and sp.length_penalty > 0)
 
     def spawn_rows(self, n: int) -> list[Req]:
         """`n` more rows for the group, on its reserved table rows (the scheduler runs them
@@ -73,6 +90,7 @@ class BeamGroup:
         self.rows = self.rows[:1]
         self.scores = [0.0]
         self.hyps, self.improvable, self.done = [], True, False
+        self.steps = self.npages = self.held = 0
 
     def advance(self, values: list[float], flat_ids: list[int],
                 vocab: int) -> list[tuple[int, int]]:
@@ -103,10 +121,24 @@ def advance_groups(groups: list[BeamGroup], values, flat_ids, vocab: int,
     continues, new token). The float32 arithmetic is HF's, value for value."""
     if not groups:
         return []
+    run_rows, run_toks, k = advance_group_arrays(groups, values, flat_ids, vocab, starts)
+    ks = k.tolist()
+    return [list(zip(r[:kk], t[:kk])) for r, t, kk in
+            zip(run_rows.tolist(), run_toks.tolist(), ks)]
+
+
+def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, starts=None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`advance_groups`, its running beams as arrays: the row each continues and its new
+    token, [groups, most beams] (group i's first `k[i]` columns), and `k` (each group's
+    num_beams)."""
+    # (the groups' fixed columns at once; per group only what changes: its length, and its
+    # finished hypotheses)
+    k, keep, forced, max_new, es_true, never = np.array([g.rule for g in groups],
+                                                        dtype=np.int64).T
+    es_true, never = es_true.astype(bool), never.astype(bool)
     heads = [g.rows[0] for g in groups]
-    sps = [h.sampling_params for h in heads]
-    k = np.array([sp.num_beams for sp in sps], dtype=np.int64)
-    keep = np.array([g.keep for g in groups], dtype=np.int64)
+    lps = [h.sampling_params.length_penalty for h in heads]
     if starts is None:
         starts = np.concatenate(([0], np.cumsum(keep)[:-1]))
     starts = np.asarray(starts, dtype=np.int64)
@@ -119,9 +151,7 @@ def advance_groups(groups: list[BeamGroup], values, flat_ids, vocab: int,
     row, tok = flat // vocab, flat % vocab
 
     n = np.array([len(h.output_ids) for h in heads], dtype=np.int64) + 1  # generated each
-    forced = np.array([g.forced for g in groups], dtype=np.int64)
     generated = n + forced  # as HF counts them (its forced first token included)
-    max_new = np.array([sp.max_new_tokens for sp in sps], dtype=np.int64)
     stop_sets = [g.stop_ids for g in groups]
     unique = set(stop_sets)
     if len(unique) == 1:
@@ -145,11 +175,10 @@ def advance_groups(groups: list[BeamGroup], values, flat_ids, vocab: int,
     # matter
     top = ends[:, :kb] & (col[None, :kb] < k[:, None])
     improvable = np.array([g.improvable for g in groups], dtype=bool)
-    es_true = np.array([sp.early_stopping is True for sp in sps], dtype=bool)
     full = np.array([len(g.hyps) for g in groups], dtype=np.int64) == k
     for i in np.flatnonzero(top.any(1) & improvable & ~(full & es_true)).tolist():
         g, kk = groups[i], int(k[i])
-        denom = np.float32(float(generated[i]) ** sps[i].length_penalty)
+        denom = np.float32(float(generated[i]) ** lps[i])
         cands = np.flatnonzero(top[i]).tolist()
         rows_i, toks_i = row[i].tolist(), tok[i].tolist()
         for c in cands:
@@ -159,26 +188,20 @@ def advance_groups(groups: list[BeamGroup], values, flat_ids, vocab: int,
         del g.hyps[kk:]
 
     # can a running beam still beat the worst finished one?
-    lps = [sp.length_penalty for sp in sps]
-    never = np.array([sp.early_stopping == "never" and lp > 0 for sp, lp in zip(sps, lps)],
-                     dtype=bool)
-    best_len = np.where(never, max_new + forced, generated).tolist()
-    best_den = np.array([float(b) ** lp for b, lp in zip(best_len, lps)]).astype(np.float32)
+    # (Python's float power, as HF's: once per distinct (length, penalty) of the step)
+    pairs = list(zip(np.where(never, max_new + forced, generated).tolist(), lps))
+    powers = {p: float(p[0]) ** p[1] for p in set(pairs)}
+    best_den = np.array([powers[p] for p in pairs]).astype(np.float32)
     best = scores[:, 0] / best_den
     full = np.array([len(g.hyps) for g in groups], dtype=np.int64) == k
-    worst = np.array([g.hyps[-1].score if f else _NEG for g, f in zip(groups, full.tolist())],
-                     dtype=np.float32)
+    worst = np.full(len(groups), _NEG, dtype=np.float32)
+    for i in np.flatnonzero(full).tolist():
+        worst[i] = groups[i].hyps[-1].score
     improvable &= best > worst
     open_beam = ~(full & es_true)
     done = ~(improvable & open_beam & ~ends.all(1))
 
-    run_rows = np.take_along_axis(row, run, 1).tolist()
-    run_toks = np.take_along_axis(tok, run, 1).tolist()
-    scores = scores.tolist()
-    if (k != kb).any():  # groups of fewer beams: their first num_beams columns
-        ks = k.tolist()
-        scores = [s[:kk] for s, kk in zip(scores, ks)]
-        run_rows = [r[:kk] for r, kk in zip(run_rows, ks)]
-    for g, imp, d, sc in zip(groups, improvable.tolist(), done.tolist(), scores):
-        g.improvable, g.done, g.scores = imp, d, sc
-    return list(map(list, map(zip, run_rows, run_toks)))  # (zip stops at the shorter)
+    for g, imp, d, sc, kk in zip(groups, improvable.tolist(), done.tolist(), scores.tolist(),
+                                 k.tolist()):
+        g.improvable, g.done, g.scores = imp, d, sc[:kk]
+    return np.take_along_axis(row, run, 1), np.take_along_axis(tok, run, 1), k

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.encoders.encoder_cache import EncoderCache, EncoderCacheEntry, EncoderJob, EncodeWork
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookTokens
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import Req
@@ -40,6 +42,8 @@ class RequestMemory:
         # frees a slice of the pool at once, least recently used first, so that the next
         # steps' few pages need no walk
         self.evict_ahead_pages = max(1, token_to_kv.allocator.num_pages // 64)
+        self.beam_book = BeamBook(req_to_token.size, token_to_kv.allocator.num_pages,
+                                  self.page_size)
 
     # --- sizes -------------------------------------------------------------------------------
     def pages_to_grow(self, req: Req, new_len: int) -> int:
@@ -163,100 +167,100 @@ class RequestMemory:
     # --- beams -------------------------------------------------------------------------------
     def reorder_beams(self, steps: list[tuple[BeamGroup, list[tuple[int, int]]]]
                       ) -> list[BeamGroup]:
-        """After a beam step, for each (group, choices): row j continues the sequence of row
-        `choices[j][0]` with token `choices[j][1]`. Rows share their parents' pages; only a
-        partly filled last page that two rows would both write is copied. Dropped beams'
-        pages are freed at once. At a group's first step its other rows are created (on the
-        reserved table rows). The device work of all groups is done in a few batched copies.
-        Returns the groups left unchanged because the pool had no room for their copies."""
+        """The first step of each (group, choices): row j of the group starts with token
+        `choices[j][1]` after the prompt of its one row (the user's request). The other rows
+        are created on the reserved table rows and share the prompt's pages; a partly filled
+        last page, which every row would write, is copied for each row but the first. The
+        group enters the beam book. The device work of all groups is done in a few batched
+        copies. Returns the groups left unchanged because the pool had no room for their
+        copies."""
         plan = _DeviceCopies()
-        failed = [g for g, choices in steps if not self._reorder(g, choices, plan)]
+        failed = [g for g, choices in steps if not self._first_step(g, choices, plan)]
         plan.apply(self.req_to_token, self.token_to_kv)
         return failed
 
-    def _reorder(self, group: BeamGroup, choices: list[tuple[int, int]],
-                 plan: _DeviceCopies) -> bool:
-        old = group.rows
-        ps, length = self.page_size, old[0].kv_len
+    def _first_step(self, group: BeamGroup, choices: list[tuple[int, int]],
+                    plan: _DeviceCopies) -> bool:
+        (head,) = group.rows
+        assert all(p == 0 for p, _ in choices), "a first step continues the one row"
+        ps, length = self.page_size, head.kv_len
         partial = length % ps  # positions filled in the last page
-        parents = [p for p, _ in choices]
-        copies = sum(1 for j, p in enumerate(parents) if partial and p in parents[:j])
+        copies = len(choices) - 1 if partial else 0
         if not self.make_room(copies):
             return False
-        rows = old + group.spawn_rows(len(choices) - len(old))
-        for r in rows[len(old):]:  # new rows read the same cross K/V
-            plan.cross.append((old[0].req_pool_idx, r.req_pool_idx))
-        pre = old[0].prefix_pages  # radix-owned, shared by all and never freed here
-        pages, seen = [], set()
-        for row, p in zip(rows, parents):
-            own = list(old[p].kv_pages)
-            if old[p] is not row:  # (a row that continues itself keeps its table row)
-                plan.tables.append((old[p].req_pool_idx, row.req_pool_idx))
-            if partial and p in seen:
-                (page,) = self.token_to_kv.allocator.alloc(1)
+        rows = [head] + group.spawn_rows(len(choices) - 1)
+        pages, fresh = [list(head.kv_pages)], self.token_to_kv.allocator.alloc(copies)
+        for row in rows[1:]:  # new rows read the same cross K/V and prompt pages
+            plan.cross.append((head.req_pool_idx, row.req_pool_idx))
+            plan.tables.append((head.req_pool_idx, row.req_pool_idx))
+            own = list(head.kv_pages)
+            if partial:
+                page = fresh.pop()
                 plan.pages.append((own[-1], page, partial))
                 plan.fixes.append((row.req_pool_idx, length - partial, page * ps, partial))
                 own[-1] = page
-            seen.add(p)
             pages.append(own)
-        kept = {pg for own in pages for pg in own[pre:]}
-        self.token_to_kv.allocator.free(sorted({pg for r in old for pg in r.kv_pages[pre:]}
-                                               - kept))
-        outputs = [old[p].output_ids + [token] for p, token in choices]
-        for row, own, out in zip(rows, pages, outputs):
-            row.kv_pages, row.kv_len, row.output_ids = own, length, out
         group.rows = rows
-        group.peak_pages = max(group.peak_pages, pre + len(kept))
+        self.beam_book.enter(group, [r.req_pool_idx for r in rows], pages,
+                             [token for _, token in choices], head.prefix_pages)
+        for row in rows:
+            row.kv_len = length
+            row.kv_pages = BookPages(self.beam_book, row.req_pool_idx, group)
+            row.output_ids = BookTokens(self.beam_book, row.req_pool_idx, group)
         return True
 
-    def follow_beams(self, group: BeamGroup, choices: list[tuple[int, int]], length: int) -> None:
-        """The books of a beam step the device has already made (`move_pages`, for a group past
-        its first step, `length` decoder positions written): row j continues row
-        `choices[j][0]`'s full pages and keeps its own last pages (the one it was given a
-        copy in, and any the next step's launch has added). Pages no row holds any more are
-        freed; nothing is allocated."""
-        old = group.rows
-        parents = [p for p, _ in choices]
-        if parents == list(range(len(old))):  # every beam ran on in its row
-            for row, (_, token) in zip(old, choices):
-                row.output_ids.append(token)
-            return
-        full, pre = length // self.page_size, old[0].prefix_pages
-        held = [r.kv_pages for r in old]
-        # (a row that continues itself keeps its list: the same pages)
-        pages = [held[j] if p == j else held[p][:full] + held[j][full:]
-                 for j, p in enumerate(parents)]
-        kept = set().union(*([own[pre:] for own in pages] if pre else pages))
-        # only a row no beam continues can leave pages behind: a parent's full pages go on
-        # in its children, and every row keeps its own last pages
-        continued = set(parents)
-        dropped = [own[pre:] for j, own in enumerate(held) if j not in continued]
-        self.token_to_kv.allocator.free(sorted(set().union(*dropped) - kept))
-        # new output lists for the rows that take another's; a row that continues itself
-        # appends in place, after the others have copied it
-        outputs = [None if p == j else old[p].output_ids + [token]
-                   for j, (p, token) in enumerate(choices)]
-        for row, own, out, (_, token) in zip(old, pages, outputs, choices):
-            row.kv_pages = own
-            if out is None:
-                row.output_ids.append(token)
-            else:
-                row.output_ids = out
-        group.peak_pages = max(group.peak_pages, pre + len(kept))
+    def alloc_beam_next(self, groups: list[BeamGroup]) -> np.ndarray | None:
+        """The slot of each beam row's next decoder position (the rows of `groups` in order,
+        every group in the beam book), a new page for each row of a group at a page boundary;
+        None (nothing allocated) when the pool is short."""
+        ps = self.page_size
+        grow = [g for g in groups if g.rows[0].kv_len == g.npages * ps]
+        if grow:
+            new = self.token_to_kv.allocator.alloc(sum(len(g.rows) for g in grow))
+            if new is None:
+                return None
+            self.beam_book.grow(grow, new)
+        lengths = [g.rows[0].kv_len for g in groups]
+        sizes = [len(g.rows) for g in groups]
+        rows = np.concatenate([g.table_rows for g in groups])
+        slots = self.beam_book.slots(rows, np.repeat(np.array(lengths, dtype=np.int64), sizes))
+        for g, n in zip(groups, lengths):
+            for r in g.rows:
+                r.kv_len = n + 1
+        return slots
+
+    def follow_beams(self, groups: list[BeamGroup], parents: np.ndarray,
+                     tokens: np.ndarray) -> None:
+        """The books of a beam step the device has already made (`move_pages`) for `groups`
+        (each past its first step): their rows, in order, continue rows `parents` (indices
+        into that concatenation) with `tokens`. Pages no row holds any more are freed;
+        nothing is allocated (BeamBook.follow)."""
+        heads = [g.rows[0] for g in groups]
+        lengths = np.array([h.seq_len for h in heads], dtype=np.int64)
+        prefix = np.array([h.prefix_pages for h in heads], dtype=np.int64)
+        freed = self.beam_book.follow(groups, parents, tokens, lengths, prefix)
+        if freed:
+            self.token_to_kv.allocator.free(freed)
 
     def release_beams(self, group: BeamGroup, keep_cross: bool = False) -> None:
-        """Free everything a beam group holds (its rows' shared pages once)."""
+        """Free everything a beam group holds (its rows' shared pages once). Its rows' tokens
+        and pages become lists again (the user's request keeps its own tokens)."""
         head = group.rows[0]
         pre = head.prefix_pages
-        self.token_to_kv.allocator.free(sorted({pg for r in group.rows
-                                                for pg in r.kv_pages[pre:]}))
+        if group.table_rows is not None:
+            prefix = head.kv_pages[:pre]
+            head.output_ids = list(head.output_ids)
+            self.token_to_kv.allocator.free(self.beam_book.leave(group, pre))
+            head.kv_pages = prefix
+        else:  # (before its first step: the one row's lists)
+            self.token_to_kv.allocator.free(head.kv_pages[pre:])
+            head.kv_pages = head.kv_pages[:pre]
         for r in group.rows[1:]:
             self.req_to_token.free(r.req_pool_idx)
-            r.req_pool_idx, r.kv_pages, r.kv_len = None, [], 0
+            r.req_pool_idx, r.kv_pages, r.kv_len, r.output_ids = None, [], 0, []
         for idx in group.spare_rows:
             self.req_to_token.free(idx)
         group.spare_rows = []
-        head.kv_pages = head.kv_pages[:pre]
         self.release(head, keep_cross)
 
     # --- releasing ---------------------------------------------------------------------------
@@ -299,7 +303,8 @@ class RequestMemory:
         for g in groups.values():  # a group's rows share pages: each counts once
             rows += [r.req_pool_idx for r in g.rows if r.req_pool_idx is not None] + g.spare_rows
             pre = g.rows[0].prefix_pages
-            owned += sorted({p for r in g.rows for p in r.kv_pages[pre:]})
+            owned += (self.beam_book.owned(g, pre) if g.table_rows is not None
+                      else g.rows[0].kv_pages[pre:])
         self.req_to_token.check(rows)
         self.token_to_kv.allocator.check(owned + self.radix.owned_pages())
         if self.radix.host is not None:  # the host tier holds cached copies only

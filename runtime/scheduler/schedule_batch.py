@@ -96,49 +96,88 @@ class ScheduleBatch:
         return cls(ForwardMode.EXTEND, reqs, wb, scored=scored, prefilling=prefilling)
 
 
-def decode_batch(reqs: list[Req], memory: RequestMemory,
-                 sampling: SamplingBatch | None) -> ScheduleBatch:
+def decode_batch(reqs: list[Req], memory: RequestMemory, sampling: SamplingBatch | None,
+                 groups: list = ()) -> ScheduleBatch:
     """One new token for every request: the per-step fast path (one loop over the rows, one
-    slot each). The caller has made sure the pool has a page for every request that needs
-    one."""
-    positions = [r.kv_len for r in reqs]
-    locs = memory.alloc_next(reqs)
+    slot each; the rows of beam `groups`, which come first (step_plan.lay_out), as arrays
+    from the beam book). The caller has made sure the pool has a page for every request that
+    needs one."""
+    assert not groups or reqs[0] is groups[0].rows[0], "the beam rows come first"
+    beam = _beam_columns(groups, memory) if groups else None
+    plain = reqs[len(beam[0]):] if beam is not None else reqs
+    positions = [r.kv_len for r in plain]
+    locs = memory.alloc_next(plain)
     assert locs is not None, "scheduler decoded a request the KV pool cannot hold"
-    ids, groups, encoder_lens, ranged = [], [], [], False
-    enc = 0
-    for r in reqs:
+    ids, encoder_lens = [], []
+    for r in plain:
         ids.append((r.output_ids or r.decoder_input_ids)[-1])
-        # a beam group's rows are contiguous, its first row first (step_plan.lay_out); they
-        # share their encoder input, so its length is read once per group
-        beam = r.beam
-        if beam is None or r is beam.rows[0]:
-            groups.append(1 if beam is None else len(beam.rows))
-            enc = r.encoder_len
-        else:
-            groups.append(0)
-        encoder_lens.append(enc)
-        ranged = ranged or r.cross_spans is not None
+        encoder_lens.append(r.encoder_len)
     starts, ends = [], []
-    if ranged:
-        for r, pos in zip(reqs, positions):
+    if any(r.cross_spans is not None for r in plain):
+        for r, pos in zip(plain, positions):
             s, e = span_at(r.cross_spans, pos) if r.cross_spans is not None else (
                 0, r.encoder_len)
             starts.append(s)
             ends.append(e)
     at = np.array(positions, dtype=np.int64)  # (for the tensor and the new lengths both)
+    groups_col = [1] * len(plain)
+    table_rows = [r.req_pool_idx for r in plain]
+    ranged = bool(starts)
+    if beam is not None:
+        b_ids, b_at, b_slots, b_enc, b_groups, b_rows, b_spans = beam
+        ranged = ranged or b_spans is not None
+        if ranged:  # (rows without spans read their whole encoder output)
+            b_spans = b_spans if b_spans is not None else (np.zeros_like(b_enc), b_enc)
+            if not starts:
+                starts, ends = [0] * len(plain), [r.encoder_len for r in plain]
+            starts = b_spans[0].tolist() + starts
+            ends = b_spans[1].tolist() + ends
+        ids = b_ids.tolist() + ids
+        at = np.concatenate([b_at, at])
+        locs = b_slots.tolist() + locs
+        encoder_lens = b_enc.tolist() + encoder_lens
+        groups_col = b_groups.tolist() + groups_col
+        table_rows = b_rows.tolist() + table_rows
     wb = DecoderBatch(ForwardMode.DECODE, DecoderInputs(
         input_ids=_int64(ids),
         positions=torch.from_numpy(at),
         out_cache_loc=_int64(locs),
         cross_kv_start=torch.tensor(starts, dtype=torch.int32) if ranged else None,
         cross_kv_end=torch.tensor(ends, dtype=torch.int32) if ranged else None,
-        req_pool_indices=[r.req_pool_idx for r in reqs],
+        req_pool_indices=table_rows,
         seq_lens=(at + 1).tolist(),  # (their kv_len now)
         extend_lens=[1] * len(reqs),
         encoder_lens=encoder_lens,
-        cross_group_lens=groups,
+        cross_group_lens=groups_col,
     ), sampling)
     return ScheduleBatch(ForwardMode.DECODE, reqs, wb)
+
+
+def _beam_columns(groups: list, memory: RequestMemory) -> tuple:
+    """The decode columns of the beam groups' rows, from the beam book: input ids (each row's
+    last token), positions, slots (a page more for the groups at a page boundary), encoder
+    lengths, cross groups (the group's row count on its first row, 0 on the others: they
+    read their group's cross K/V), table rows, and cross ranges (None without spans)."""
+    book = memory.beam_book
+    heads = [g.rows[0] for g in groups]
+    sizes = np.array([len(g.rows) for g in groups], dtype=np.int64)
+    lengths = [h.kv_len for h in heads]  # (each row's position: before the slots move it)
+    at = np.repeat(np.array(lengths, dtype=np.int64), sizes)
+    slots = memory.alloc_beam_next(groups)
+    assert slots is not None, "scheduler decoded a beam group the KV pool cannot hold"
+    rows = np.concatenate([g.table_rows for g in groups])
+    steps = np.repeat(np.array([g.steps for g in groups], dtype=np.int64), sizes)
+    ids = book.tokens[rows, steps - 1]
+    enc = np.repeat(np.array([h.encoder_len for h in heads], dtype=np.int64), sizes)
+    first = np.cumsum(sizes) - sizes
+    cross_groups = np.zeros(len(rows), dtype=np.int64)
+    cross_groups[first] = sizes
+    spans = None
+    if any(h.cross_spans is not None for h in heads):
+        ranges = [span_at(h.cross_spans, n) if h.cross_spans is not None
+                  else (0, h.encoder_len) for h, n in zip(heads, lengths)]
+        spans = tuple(np.repeat(np.array(c, dtype=np.int64), sizes) for c in zip(*ranges))
+    return ids, at, slots, enc, cross_groups, rows, spans
 
 
 def _int64(values: list[int]) -> torch.Tensor:

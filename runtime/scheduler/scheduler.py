@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
@@ -43,7 +44,7 @@ from seq2serve.runtime.messages.io_struct import (
     token_outputs,
 )
 from seq2serve.runtime.messages.model_limits import ModelLimits
-from seq2serve.runtime.scheduler.beam_search import BeamGroup, advance_groups
+from seq2serve.runtime.scheduler.beam_search import BeamGroup, advance_group_arrays
 from seq2serve.runtime.scheduler.grammar_compiles import GrammarCompiles
 from seq2serve.runtime.scheduler.grammar_rows import (
     DEAD_END,
@@ -616,9 +617,8 @@ class Scheduler:
                     now: float) -> list[TokenOutput]:
         """Advance every beam group of the batch by HF's rules. Groups past their first step
         were moved on the device already (the same choices: checked), the host follows in its
-        books; groups at their first step get their rows here, together."""
+        books, all together; groups at their first step get their rows here, together."""
         values, flat_ids = result.beam_candidates
-        parents = result.beam_parent_rows
         live, starts, first_rows, start, row = [], [], [], 0, 0
         for g in groups:
             head = g.rows[0]
@@ -629,24 +629,24 @@ class Scheduler:
                 starts.append(start)
                 first_rows.append(row)
             start, row = start + g.keep, row + len(g.rows)
-        steps = advance_groups(live, values, flat_ids, self.model_config.vocab_size, starts)
-        outputs, first_steps = [], []
-        for g, choices, row in zip(live, steps, first_rows):
-            n = len(g.rows)
+        if not live:
+            return []
+        run_rows, run_toks, k = advance_group_arrays(live, values, flat_ids,
+                                                     self.model_config.vocab_size, starts)
+        outputs, first_steps, moving = [], [], []
+        for i, g in enumerate(live):
             if g.done:
                 outputs += self._finish_beams(g, now)
-            elif n == 1:
-                first_steps.append((g, choices))
+            elif len(g.rows) == 1:
+                n = int(k[i])
+                first_steps.append((g, list(zip(run_rows[i, :n].tolist(),
+                                                run_toks[i, :n].tolist()))))
             else:
-                if parents[row:row + n] != [row + p for p, _ in choices]:
-                    raise AssertionError(f"beam request {g.rows[0].rid}: the device chose "
-                                         f"other beams than the host's rules")
-                if g.rows[0].grammar is None:  # (the usual case: no matchers to follow)
-                    self.memory.follow_beams(g, choices, g.rows[0].seq_len)
-                    continue
-                grammars = beam_grammars(g, choices)
-                self.memory.follow_beams(g, choices, g.rows[0].seq_len)
-                set_beam_grammars(g, grammars)
+                moving.append(i)
+        if moving:
+            self._follow_beams([live[i] for i in moving], run_rows[moving], run_toks[moving],
+                               k[moving], np.array(first_rows)[moving],
+                               result.beam_parent_rows)
         grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
         for (g, _), grammar in zip(first_steps, grammars):
@@ -657,14 +657,40 @@ class Scheduler:
                 self.running += g.rows[1:]
         return outputs
 
+    def _follow_beams(self, groups: list[BeamGroup], run_rows: np.ndarray,
+                      run_toks: np.ndarray, k: np.ndarray, first_rows: np.ndarray,
+                      device_parents) -> None:
+        """The host's books of groups past their first step, which the device has moved:
+        group i's row j continues its row `run_rows[i, j]` with `run_toks[i, j]` (its first
+        `k[i]` columns). The device's choices (`device_parents`: each beam row's parent batch
+        row) must be these."""
+        keep = np.arange(run_rows.shape[1])[None, :] < k[:, None]
+        local, tokens = run_rows[keep], run_toks[keep]  # (row-major: group by group)
+        batch_rows = np.repeat(first_rows, k)
+        within = np.arange(len(local)) - np.repeat(np.cumsum(k) - k, k)
+        chosen = np.asarray(device_parents, dtype=np.int64)[batch_rows + within]
+        wrong = np.flatnonzero(chosen != batch_rows + local)
+        if wrong.size:
+            g = groups[int(np.searchsorted(np.cumsum(k), wrong[0], side="right"))]
+            raise AssertionError(f"beam request {g.rows[0].rid}: the device chose other "
+                                 f"beams than the host's rules")
+        offsets = np.repeat(np.cumsum(k) - k, k)  # (every group's rows: num_beams of them)
+        with_grammar = [i for i, g in enumerate(groups) if g.rows[0].grammar is not None]
+        grammars = [beam_grammars(groups[i], list(zip(run_rows[i, :k[i]].tolist(),
+                                                      run_toks[i, :k[i]].tolist())))
+                    for i in with_grammar]
+        self.memory.follow_beams(groups, offsets + local, tokens)
+        for i, grammar in zip(with_grammar, grammars):
+            set_beam_grammars(groups[i], grammar)
+
     def _finish_beams(self, group: BeamGroup, now: float) -> list[TokenOutput]:
         """A finished beam group: one output per result, best first."""
         head = group.rows[0]
         self.running = [r for r in self.running if r.beam is not group]
         kv_bytes = self._kv_bytes(head, group.peak_pages)
+        results = group.results()  # (before the release: it reads the rows' books)
         self.memory.release_beams(group)
         head.finish_time = now
-        results = group.results()
         head.output_ids = results[0].tokens
         outputs = []
         for rid, hyp in zip(head.beam_rids or [head.rid], results):

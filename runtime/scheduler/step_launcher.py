@@ -93,7 +93,7 @@ class StepLauncher:
             sampling = (None if late and beams is None
                         else self._sampling(rows.reqs, pending, beams, late))
         if mode is ForwardMode.DECODE:
-            batch = decode_batch(rows.reqs, self.memory, sampling)
+            batch = decode_batch(rows.reqs, self.memory, sampling, rows.groups)
         else:
             batch = ScheduleBatch.extend(rows.reqs, self.memory, sampling, chunk)
         wb: DecoderBatch = batch.worker_batch
@@ -165,14 +165,18 @@ class StepLauncher:
         else:
             stop_ids = torch.tensor([sorted(s) + [-1] * (width - len(s)) for s in stop_sets],
                                     dtype=torch.int64).view(len(groups), width)
-        # (host lists become tensors through numpy: a fraction of torch.tensor's time on them)
-        all_end = np.array([len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
-                            .max_new_tokens for g in groups], dtype=np.bool_)
+        # (host lists become tensors through numpy: a fraction of torch.tensor's time on them;
+        # a group's rows are in the beam book, all of one length)
+        heads = [g.rows[0] for g in groups]
+        all_end = np.array([len(h.output_ids) + pending + 1 >= h.sampling_params.max_new_tokens
+                            for h in heads], dtype=np.bool_)
         sizes = [len(g.rows) for g in groups]
-        members = [r for g in groups for r in g.rows]  # (the rows, group by group, once)
-        table_rows = np.array([r.req_pool_idx for r in members], dtype=np.int64)
-        length = np.array([r.kv_len for r in members], dtype=np.int64) + 1
-        length[np.repeat(np.array(sizes) == 1, sizes)] = 0  # (a group's first step: no move)
+        table_rows = np.concatenate([g.table_rows if g.table_rows is not None
+                                     else np.array([h.req_pool_idx], dtype=np.int64)
+                                     for g, h in zip(groups, heads)])
+        # (a group's first step: no move)
+        ends = [h.kv_len + 1 if n > 1 else 0 for h, n in zip(heads, sizes)]
+        length = np.repeat(np.array(ends, dtype=np.int64), sizes)
         copy_len = length % ps  # positions written in the last page after this step
         rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
         copy_width = max(1, int(copy_len.max()))
