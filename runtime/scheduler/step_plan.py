@@ -92,6 +92,15 @@ def rows_ahead(running: list[Req], prev: list[Req | None], page_size: int
     in_prev = set(prev)  # (requests hash by identity)
     rows, pages = [], 0
     for r in running:  # (one pass, each attribute read once: every row, every step)
+        beam = r.beam
+        if beam is not None and beam.table_rows is not None:  # (its lengths: the group's)
+            if r not in in_prev:
+                return None
+            if beam.steps + 1 < r.sampling_params.max_new_tokens:
+                rows.append(r)
+                if r.kv_len == beam.npages * page_size:
+                    pages += 1
+            continue
         done = len(r.output_ids)  # its generated tokens, the one in flight counted in
         if r in in_prev:
             done += 1
