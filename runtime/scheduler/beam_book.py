@@ -35,6 +35,8 @@ class BeamBook:
         self.pages = np.zeros((rows, 8), dtype=np.int64)  # [table row, page index] -> page id
         self.tokens = np.zeros((rows, 32), dtype=np.int64)  # [table row, step] -> token
         self.refs = np.zeros(num_pages + 1, dtype=np.int32)  # page id -> rows holding it
+        self.version = 0  # counts the groups that entered or left (GroupMemo)
+        self._rows = GroupMemo(_row_columns, self)
 
     def _fit(self, pages: int = 0, tokens: int = 0) -> None:
         """Grow the arrays' columns (doubling) to hold `pages` pages and `tokens` tokens."""
@@ -60,6 +62,7 @@ class BeamBook:
         own = held[:, prefix:].ravel()
         np.add.at(self.refs, own, 1)
         group.table_rows, group.npages, group.steps = rows, n, 1
+        self.version += 1
         group.held = len(np.unique(own))
         group.peak_pages = max(group.peak_pages, prefix + group.held)
 
@@ -69,9 +72,15 @@ class BeamBook:
         own = np.unique(self.pages[group.table_rows, prefix:group.npages])
         self.refs[own] = 0
         group.table_rows = None
+        self.version += 1
         return own.tolist()
 
     # --- each step ---------------------------------------------------------------------------
+    def rows_of(self, groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each group's row count, their table rows (group by group) and each row's group
+        index (the same arrays as the step before while the groups are the same)."""
+        return self._rows(groups)
+
     def grow(self, groups: list[BeamGroup], new_pages: list[int]) -> None:
         """A page more for every row of `groups` (each at a page boundary), from `new_pages`
         (in row order)."""
@@ -98,15 +107,14 @@ class BeamBook:
         A moved row takes its parent's tokens and full pages and keeps its own last pages (the
         one the device copied the parent's partial page into, and any the next step's launch
         has added). Returns the pages no row holds any more (the caller frees them)."""
-        sizes = np.array([len(g.table_rows) for g in groups], dtype=np.int64)
-        rows = np.concatenate([g.table_rows for g in groups])
+        sizes, rows, group_of = self.rows_of(groups)
         src = rows[parents]
         steps = np.array([g.steps for g in groups], dtype=np.int64)
         self._fit(tokens=int(steps.max()) + 1)
         freed: list[int] = []
         moved = np.flatnonzero(src != rows)
         if moved.size:
-            which = np.repeat(np.arange(len(groups)), sizes)[moved]  # each moved row's group
+            which = group_of[moved]  # each moved row's group
             dst, src_m = rows[moved], src[moved]
             n = steps[which]
             w = int(n.max())
@@ -217,3 +225,29 @@ class BookPages(_BookRow):
 
     def __len__(self) -> int:
         return self.group.npages
+
+
+class GroupMemo:
+    """A value computed from a list of beam groups, kept while the same groups come again in
+    the same order and (with a `book`) none has entered or left it meanwhile: a steady decode
+    step's group columns are those of the step before. The check is one list comparison (by
+    identity: groups compare so)."""
+
+    def __init__(self, make, book: BeamBook | None = None) -> None:
+        self.make, self.book = make, book
+        self.groups: list | None = None
+        self.version = -1
+        self.value = None
+
+    def __call__(self, groups: list):
+        version = self.book.version if self.book is not None else 0
+        if self.version != version or self.groups != groups:
+            self.groups, self.version = list(groups), version
+            self.value = self.make(groups)
+        return self.value
+
+
+def _row_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sizes = np.array([len(g.table_rows) for g in groups], dtype=np.int64)
+    return (sizes, np.concatenate([g.table_rows for g in groups]),
+            np.repeat(np.arange(len(groups)), sizes))

@@ -221,8 +221,7 @@ class RequestMemory:
                 return None
             self.beam_book.grow(grow, new)
         lengths = [g.rows[0].kv_len for g in groups]
-        sizes = [len(g.rows) for g in groups]
-        rows = np.concatenate([g.table_rows for g in groups])
+        sizes, rows, _ = self.beam_book.rows_of(groups)
         slots = self.beam_book.slots(rows, np.repeat(np.array(lengths, dtype=np.int64), sizes))
         for g, n in zip(groups, lengths):
             for r in g.rows:

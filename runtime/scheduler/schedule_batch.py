@@ -160,15 +160,14 @@ def _beam_columns(groups: list, memory: RequestMemory) -> tuple:
     read their group's cross K/V), table rows, and cross ranges (None without spans)."""
     book = memory.beam_book
     heads = [g.rows[0] for g in groups]
-    sizes = np.array([len(g.rows) for g in groups], dtype=np.int64)
+    sizes, rows, group_of = book.rows_of(groups)
     lengths = [h.kv_len for h in heads]  # (each row's position: before the slots move it)
-    at = np.repeat(np.array(lengths, dtype=np.int64), sizes)
+    at = np.array(lengths, dtype=np.int64)[group_of]
     slots = memory.alloc_beam_next(groups)
     assert slots is not None, "scheduler decoded a beam group the KV pool cannot hold"
-    rows = np.concatenate([g.table_rows for g in groups])
-    steps = np.repeat(np.array([g.steps for g in groups], dtype=np.int64), sizes)
+    steps = np.array([g.steps for g in groups], dtype=np.int64)[group_of]
     ids = book.tokens[rows, steps - 1]
-    enc = np.repeat(np.array([h.encoder_len for h in heads], dtype=np.int64), sizes)
+    enc = np.array([h.encoder_len for h in heads], dtype=np.int64)[group_of]
     first = np.cumsum(sizes) - sizes
     cross_groups = np.zeros(len(rows), dtype=np.int64)
     cross_groups[first] = sizes
