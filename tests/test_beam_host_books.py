@@ -282,7 +282,9 @@ def test_lay_out_and_rows_ahead_match_reference(seed):
     reqs = [r for g in groups for r in g.rows] + plain
     rng.shuffle(reqs)
     partly = [r if r.beam is not None or rng.random() < 0.7 else None for r in reqs]
-    cases = (None, [], [None, None], reqs, partly, rng.sample(reqs, len(reqs)))
+    laid = lay_out(reqs, None).reqs  # (the beam rows first, as a step lays them out)
+    cases = (None, [], [None, None], reqs, partly, rng.sample(reqs, len(reqs)), laid,
+             laid[:len(laid) // 2] + [None] + laid[len(laid) // 2:])
     for prev in cases:
         a, b = lay_out(reqs, prev), reference_lay_out(reqs, prev)
         assert (a.reqs, a.groups, a.prev_rows) == (b.reqs, b.groups, b.prev_rows)

@@ -141,6 +141,15 @@ def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     groups = sorted(groups, key=_shape)  # stable: equal shapes keep order
     beam_rows = [r for g in groups for r in g.rows]
     others = [r for r in reqs if r.beam is None]
+    nb = len(beam_rows)
+    if nb and prev and prev[:nb] == beam_rows:  # (the usual beam step: as in the step before;
+        # rows compare by identity) the beam rows continue from the first rows, in order
+        where = dict(zip(prev[nb:], range(nb, len(prev))))
+        where.pop(None, None)
+        fresh = [r for r in others if r not in where]
+        cont = [r for r in others if r in where]
+        return StepRows(beam_rows + cont + fresh, groups,
+                        list(range(nb)) + [where[r] for r in cont])
     # each request's row in the step in flight (requests hash by identity)
     where = dict(zip(prev, range(len(prev)))) if prev else {}
     where.pop(None, None)  # (rows of the step in flight that sampled nothing)
