@@ -37,6 +37,7 @@ class BeamBook:
         self.refs = np.zeros(num_pages + 1, dtype=np.int32)  # page id -> rows holding it
         self.version = 0  # counts the groups that entered or left (GroupMemo)
         self._rows = GroupMemo(_row_columns, self)
+        self._prompts = GroupMemo(_prompt_columns, self)
 
     def _fit(self, pages: int = 0, tokens: int = 0) -> None:
         """Grow the arrays' columns (doubling) to hold `pages` pages and `tokens` tokens."""
@@ -80,6 +81,11 @@ class BeamBook:
         """Each group's row count, their table rows (group by group) and each row's group
         index (the same arrays as the step before while the groups are the same)."""
         return self._rows(groups)
+
+    def prompts_of(self, groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray]:
+        """Each group's decoder prompt length and radix-owned pages (fixed while it is in the
+        book; the same arrays as the step before while the groups are the same)."""
+        return self._prompts(groups)
 
     def grow(self, groups: list[BeamGroup], new_pages: list[int]) -> None:
         """A page more for every row of `groups` (each at a page boundary), from `new_pages`
@@ -251,3 +257,9 @@ def _row_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray, np.nd
     sizes = np.array([len(g.table_rows) for g in groups], dtype=np.int64)
     return (sizes, np.concatenate([g.table_rows for g in groups]),
             np.repeat(np.arange(len(groups)), sizes))
+
+
+def _prompt_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray]:
+    heads = [g.rows[0] for g in groups]
+    return (np.array([len(h.decoder_input_ids) for h in heads], dtype=np.int64),
+            np.array([h.prefix_pages for h in heads], dtype=np.int64))

@@ -234,10 +234,9 @@ class RequestMemory:
         (each past its first step): their rows, in order, continue rows `parents` (indices
         into that concatenation) with `tokens`. Pages no row holds any more are freed;
         nothing is allocated (BeamBook.follow)."""
-        heads = [g.rows[0] for g in groups]
-        lengths = np.array([h.seq_len for h in heads], dtype=np.int64)
-        prefix = np.array([h.prefix_pages for h in heads], dtype=np.int64)
-        freed = self.beam_book.follow(groups, parents, tokens, lengths, prefix)
+        prompt, prefix = self.beam_book.prompts_of(groups)
+        steps = np.array([g.steps for g in groups], dtype=np.int64)  # (= len(output_ids))
+        freed = self.beam_book.follow(groups, parents, tokens, prompt + steps, prefix)
         if freed:
             self.token_to_kv.allocator.free(freed)
 
