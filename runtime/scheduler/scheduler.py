@@ -145,7 +145,7 @@ class Scheduler:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = tuple(sorted(eos))
         self.waiting = policy if policy is not None else FairPolicy()  # admission order
-        self.running: list[Req] = []
+        self.running: list[Req] = []  # a beam group by its first row (its rows: `beam.rows`)
         # per forward mode: how many forwards and the largest batch (counters, not a log: a
         # server runs millions of forwards)
         self.forwards: Counter[str] = Counter()
@@ -289,6 +289,12 @@ class Scheduler:
 
     # --- the loop body -----------------------------------------------------------------------
     @property
+    def running_rows(self) -> int:
+        """Decoder rows of the running requests: a beam group (in `running` by its first row,
+        the user's request) runs num_beams of them."""
+        return sum(r.sampling_params.num_beams for r in self.running)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.in_flight or self.notices
                     or self.chunked or self.compiles)
@@ -425,7 +431,7 @@ class Scheduler:
         jobs: list = []
         size = self.args.chunked_prefill_size  # (also the step's prefill budget)
         budget = min(self.args.max_prefill_tokens, size or self.args.max_prefill_tokens)
-        rows = len(self.running)  # decoder rows: a beam request runs num_beams of them
+        rows = self.running_rows
         while self.waiting:
             req = self.waiting.peek()
             if rows + req.sampling_params.num_beams > self.args.max_running_requests:
@@ -456,15 +462,16 @@ class Scheduler:
 
     def _make_room_for_decode(self) -> None:
         def need() -> int:
-            return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
+            # (a beam group's rows are all as long as its first: each needs as many)
+            return sum(self.memory.pages_to_grow(r, r.seq_len) * r.sampling_params.num_beams
+                       for r in self.running)
 
         while not self.memory.make_room(need()):
             if self.chunked is not None:  # no token yet: the least progress of all
                 self._retract(self.chunked)
                 continue
             victim = self.waiting.victim(self.running)
-            assert len(self.running) > len(victim.beam.rows if victim.beam else [victim]), \
-                "a lone request always fits (checked at admission)"
+            assert len(self.running) > 1, "a lone request always fits (checked at admission)"
             self._retract(victim)
 
     def _retract(self, victim: Req) -> None:
@@ -652,9 +659,9 @@ class Scheduler:
         for (g, _), grammar in zip(first_steps, grammars):
             if g in failed:
                 self._retract(g.rows[0])  # no room to copy the pages the beams now write
-            else:  # (the head joins the running batch with the other admitted requests)
+            else:  # (the head joins the running batch with the other admitted requests;
+                # it stands for its group's rows there)
                 set_beam_grammars(g, grammar)
-                self.running += g.rows[1:]
         return outputs
 
     def _follow_beams(self, groups: list[BeamGroup], run_rows: np.ndarray,
@@ -748,7 +755,7 @@ class Scheduler:
     # --- operations --------------------------------------------------------------------------
     def stats(self) -> dict:
         return {
-            "running_requests": len(self.running),
+            "running_requests": self.running_rows,
             "waiting_requests": len(self.waiting),
             "encoder_forwards": self.encoder_stage.num_forwards,
             "encoder_inputs": self.encoder_stage.num_encoded_inputs,  # inputs encoded
