@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
+
 if TYPE_CHECKING:
     from seq2serve.runtime.scheduler.beam_search import BeamGroup
 
@@ -231,26 +233,6 @@ class BookPages(_BookRow):
 
     def __len__(self) -> int:
         return self.group.npages
-
-
-class GroupMemo:
-    """A value computed from a list of beam groups, kept while the same groups come again in
-    the same order and (with a `book`) none has entered or left it meanwhile: a steady decode
-    step's group columns are those of the step before. The check is one list comparison (by
-    identity: groups compare so)."""
-
-    def __init__(self, make, book: BeamBook | None = None) -> None:
-        self.make, self.book = make, book
-        self.groups: list | None = None
-        self.version = -1
-        self.value = None
-
-    def __call__(self, groups: list):
-        version = self.book.version if self.book is not None else 0
-        if self.version != version or self.groups != groups:
-            self.groups, self.version = list(groups), version
-            self.value = self.make(groups)
-        return self.value
 
 
 def _row_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

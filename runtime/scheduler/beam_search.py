@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from seq2serve.runtime.scheduler.beam_book import GroupMemo
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import Req
 
 _NEG = np.float32(-1.0e9)  # HF's "never" score

@@ -22,9 +22,9 @@ from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
-from seq2serve.runtime.scheduler.beam_book import GroupMemo
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.grammar_rows import grammar_masks
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
