@@ -146,6 +146,9 @@ class Scheduler:
         self.eos_ids = tuple(sorted(eos))
         self.waiting = policy if policy is not None else FairPolicy()  # admission order
         self.running: list[Req] = []  # a beam group by its first row (its rows: `beam.rows`)
+        # every rid (a beam request's result rids too) a request was added under -> it; a hint
+        # that `find` confirms, rebuilt from the live requests when it outgrows them
+        self.by_rid: dict[str, Req] = {}
         # per forward mode: how many forwards and the largest batch (counters, not a log: a
         # server runs millions of forwards)
         self.forwards: Counter[str] = Counter()
@@ -217,6 +220,7 @@ class Scheduler:
         # prefixes, the encoder inputs they were computed under
         user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
         req.namespace = (user_ns, *(seg.key for seg in req.segments))
+        self._index(req)
         # its matcher now if its grammar is compiled; else it waits for the compile thread
         if self.compiles.start(req, tr.group or tr.rid):
             self.waiting.push(req, tr.group or tr.rid)
@@ -279,13 +283,28 @@ class Scheduler:
         return self._output(req, [])
 
     def find(self, rid: str) -> Req | None:
-        """The request of `rid` (for a beam request: of any of its result rids)."""
-        for reqs in (self.running, self.waiting, [self.chunked] if self.chunked else [],
-                     self.compiles):
-            for r in reqs:
-                if r.rid == rid or (r.beam_rids is not None and rid in r.beam_rids):
-                    return r.beam.rows[0] if r.beam is not None else r
-        return None
+        """The request of `rid` (for a beam request: of any of its result rids) while it is
+        queued or running. `by_rid` names the candidate; it counts only if still held, so
+        a request that left by any path is not found (without a walk over every request)."""
+        r = self.by_rid.get(rid)
+        if r is None or not self._holds(r):
+            return None
+        return r.beam.rows[0] if r.beam is not None else r
+
+    def _holds(self, req: Req) -> bool:
+        return (req in self.running or req is self.chunked or req in self.waiting
+                or req in self.compiles)
+
+    def _index(self, req: Req) -> None:
+        """`req`'s rids into `by_rid`; the hints of requests that left are dropped once they
+        outnumber the live ones."""
+        for rid in req.beam_rids or [req.rid]:
+            self.by_rid[rid] = req
+        live = len(self.running) + len(self.waiting) + len(self.compiles) + 1
+        if len(self.by_rid) > 4 * live * max(1, len(req.beam_rids or ())) + 1024:
+            held = [*self.running, *self.waiting, *self.compiles, req,
+                    *([self.chunked] if self.chunked else [])]
+            self.by_rid = {rid: r for r in held for rid in r.beam_rids or [r.rid]}
 
     # --- the loop body -----------------------------------------------------------------------
     @property
