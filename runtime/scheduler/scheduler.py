@@ -296,8 +296,9 @@ class Scheduler:
                 or req in self.compiles)
 
     def _index(self, req: Req) -> None:
-        """`req`'s rids into `by_rid`; the hints of requests that left are dropped once they
-        outnumber the live ones."""
+        """`req`'s rids into `by_rid` (its last output takes them out); the hints of requests
+        that left without one (refused at admission) are dropped once they outnumber the
+        live ones."""
         for rid in req.beam_rids or [req.rid]:
             self.by_rid[rid] = req
         live = len(self.running) + len(self.waiting) + len(self.compiles) + 1
@@ -746,6 +747,10 @@ class Scheduler:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _output(self, req: Req, new_ids: list[int], logprobs=None, top=None) -> TokenOutput:
+        if req.finished:  # its last output: its rids leave the index
+            for rid in req.beam_rids or [req.rid]:
+                if self.by_rid.get(rid) is req:
+                    del self.by_rid[rid]
         out = TokenOutput(
             rid=req.rid, new_token_ids=new_ids,
             finished_reason=req.finished_reason.to_json() if req.finished else None,
