@@ -251,8 +251,8 @@ class EncoderCache:
 
     # --- eviction ----------------------------------------------------------------------------
     def _make_room(self, pages: int, keep: EncoderCacheEntry | None = None) -> bool:
-        """Evict unreferenced entries' K/V (least recently used first; under shared isolation
-        fewest users and hits first) until `pages` are free; with a host tier they move
+        """Evict unreferenced entries' K/V (least recently released first; under shared
+        isolation fewest users and hits first) until `pages` are free; with a host tier they move
         there. `keep`'s host copy stays. Nothing is evicted when even all of them would not
         make room."""
         if self.pool.allocator.num_free >= pages:
