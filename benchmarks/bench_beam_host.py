@@ -15,7 +15,9 @@ import time
 
 import numpy as np
 
+from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.sampling_params import SamplingParams
+from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.scheduler import beam_search
 from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookTokens
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
@@ -154,8 +156,13 @@ def main() -> None:
         "follow_beams": follow_timed(),
         "decode columns": columns_timed(),
         "_beam_moves": timed(lambda: launcher._beam_moves(groups, 1), args.reps),
+        "from_reqs": timed(lambda: SamplingBatch.from_reqs(
+            reqs, VOCAB, (1,), "cpu", pending=1,
+            beams=launcher._beam_layout(groups, ForwardMode.DECODE, None, None)), args.reps),
         "lay_out": timed(lambda: lay_out(reqs, reqs), args.reps),
-        "rows_ahead": timed(lambda: rows_ahead(reqs, reqs, PS), args.reps),
+        # (`running` holds a group by its first row)
+        "rows_ahead": timed(lambda: rows_ahead([g.rows[0] for g in groups], reqs, PS),
+                            args.reps),
     }
     print(f"{args.groups} groups x {args.beams} beams, best of {args.reps} (ms a step):")
     for name, ms in results.items():

@@ -46,7 +46,7 @@ def main() -> None:
         sched.add_request(TokenizedRequest(
             rid=str(i), encoder_input_ids=[rng.randrange(3, 32000) for _ in range(args.input_len)],
             decoder_input_ids=[0], sampling_params=SamplingParams.from_dict(sp)))
-    while len(sched.running) < rows or sched.forwards["decode"] < 5:
+    while sched.running_rows < rows or sched.forwards["decode"] < 5:
         sched.step()
 
     def timed(n: int) -> tuple[float, float]:

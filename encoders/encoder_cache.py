@@ -91,6 +91,12 @@ class EncoderCache:
         self.entries: OrderedDict[tuple[str | None, str], EncoderCacheEntry] = OrderedDict()  # LRU
         self.contents: dict[str, _Content] = {}  # shared isolation, by content hash
         self.detached: list[EncoderCacheEntry] = []
+        # unreferenced indexed entries holding K/V pages (`idle_hot`) or hidden states
+        # (`idle_hidden`), least recently released first: what eviction may take, found
+        # without walking every entry (a referenced entry is in neither; `_sync` keeps them)
+        self.idle_hot: OrderedDict[EncoderCacheEntry, int] = OrderedDict()  # -> its pages
+        self.idle_hidden: OrderedDict[EncoderCacheEntry, None] = OrderedDict()
+        self.idle_hot_pages = 0
         self.hidden_bytes = 0
         self.lookups = self.hits = self.evictions = 0
         self.host_stores = self.host_hits = 0
@@ -142,6 +148,8 @@ class EncoderCache:
             self._free(entry)
         elif entry.refs == 0 and (not self.enabled or not entry.ready):
             self._drop(entry)  # no caching, or its K/V were never written (aborted)
+        else:
+            self._sync(entry)
 
     def keep_hidden(self, entry: EncoderCacheEntry, hidden: torch.Tensor) -> None:
         """Offer an entry's encoder output to the warm tier (kept if the budget allows)."""
@@ -149,19 +157,36 @@ class EncoderCache:
         if not self.enabled or entry.detached or entry.hidden is not None or \
                 size > self.hidden_budget_bytes:
             return
-        for other in list(self.entries.values()):  # least recently used first
-            if self.hidden_bytes + size <= self.hidden_budget_bytes:
-                break
-            if other.hidden is not None and other is not entry and other.refs == 0:
-                self._drop_hidden(other)
+        while self.hidden_bytes + size > self.hidden_budget_bytes and self.idle_hidden:
+            self._drop_hidden(next(iter(self.idle_hidden)))  # least recently released first
         if self.hidden_bytes + size <= self.hidden_budget_bytes:
             entry.hidden = hidden
             self.hidden_bytes += size
+            self._sync(entry)
 
     def _ref(self, entry: EncoderCacheEntry) -> EncoderCacheEntry:
         entry.refs += 1
         self.entries.move_to_end(entry.key)
+        self._sync(entry)
         return entry
+
+    def _sync(self, entry: EncoderCacheEntry) -> None:
+        """Put `entry` in (or take it out of) the idle sets its state calls for; an entry
+        already in one keeps its place."""
+        idle = entry.refs == 0 and not entry.detached and self.entries.get(entry.key) is entry
+        if idle and entry.handle is not None:
+            if entry not in self.idle_hot:
+                self.idle_hot[entry] = len(entry.handle.pages)
+                self.idle_hot_pages += self.idle_hot[entry]
+        else:
+            self._not_idle_hot(entry)
+        if idle and entry.hidden is not None:
+            self.idle_hidden.setdefault(entry)
+        else:
+            self.idle_hidden.pop(entry, None)
+
+    def _not_idle_hot(self, entry: EncoderCacheEntry) -> None:
+        self.idle_hot_pages -= self.idle_hot.pop(entry, 0)
 
     # --- shared isolation --------------------------------------------------------------------
     def _scoped(self, digest: str, user: str) -> tuple[str | None, str]:
@@ -203,6 +228,7 @@ class EncoderCache:
         del self.entries[keep.key]  # re-keyed in place: the content keeps its counters
         keep.key = (PUBLIC, digest)
         self.entries[keep.key] = keep
+        self._sync(keep)
         content.scopes = {PUBLIC}
         self.sharing.promotions += 1
 
@@ -213,6 +239,8 @@ class EncoderCache:
 
     def _forget(self, entry: EncoderCacheEntry) -> None:
         """Take an entry out of the index (what it holds is the caller's to free or keep)."""
+        self._not_idle_hot(entry)
+        self.idle_hidden.pop(entry, None)
         if self.entries.get(entry.key) is entry:
             del self.entries[entry.key]
             content = self.contents.get(entry.key[1])
@@ -223,34 +251,43 @@ class EncoderCache:
 
     # --- eviction ----------------------------------------------------------------------------
     def _make_room(self, pages: int, keep: EncoderCacheEntry | None = None) -> bool:
-        """Evict unreferenced entries' K/V (least recently used first; under shared isolation
-        fewest users and hits first) until `pages` are free; with a host tier they move
-        there. `keep`'s host copy stays."""
-        order = list(self.entries.values())
-        if self.sharing is not None:
+        """Evict unreferenced entries' K/V (least recently released first; under shared
+        isolation fewest users and hits first) until `pages` are free; with a host tier they move
+        there. `keep`'s host copy stays. Nothing is evicted when even all of them would not
+        make room."""
+        if self.pool.allocator.num_free >= pages:
+            return True
+        if self.pool.allocator.num_free + self.idle_hot_pages < pages:
+            return False
+        order = list(self.idle_hot)  # least recently released first
+        if self.sharing is not None:  # (a stable sort: released order among equals)
             order.sort(key=lambda e: self.sharing.priority(self.contents[e.key[1]].usage))
         for entry in order:
             if self.pool.allocator.num_free >= pages:
                 break
-            if entry.refs == 0 and entry.handle is not None:
-                if entry.ready and self.host is not None:
-                    self._store(entry, keep)
-                self.pool.free(entry.handle)
-                entry.handle = None
-                self.evictions += 1
-                self._forget_if_empty(entry)
+            if entry.ready and self.host is not None:
+                self._store(entry, keep)
+            self.pool.free(entry.handle)
+            entry.handle = None
+            self.evictions += 1
+            self._sync(entry)
+            self._forget_if_empty(entry)
         return self.pool.allocator.num_free >= pages
 
     def _store(self, entry: EncoderCacheEntry, keep: EncoderCacheEntry | None) -> None:
         """Copy an entry's K/V to the host tier, dropping older host copies to make room."""
         n = len(entry.handle.pages)
-        for other in list(self.entries.values()):  # least recently used first
-            if self.host.allocator.num_free >= n:
+        victims, free = [], self.host.allocator.num_free
+        for other in self.entries.values():  # least recently used first
+            if free >= n:
                 break
             if other.host_pages is not None and other is not keep:
-                self.host.free(other.host_pages)
-                other.host_pages = None
-                self._forget_if_empty(other)
+                victims.append(other)
+                free += len(other.host_pages)
+        for other in victims:
+            self.host.free(other.host_pages)
+            other.host_pages = None
+            self._forget_if_empty(other)
         pages = self.host.allocator.alloc(n)
         if pages is not None:
             self.host.store(entry.handle.pages, pages)
@@ -285,6 +322,7 @@ class EncoderCache:
         if entry.hidden is not None:
             self.hidden_bytes -= entry.hidden.numel() * entry.hidden.element_size()
             entry.hidden = None
+            self.idle_hidden.pop(entry, None)
             self._forget_if_empty(entry)
 
     # --- accounting --------------------------------------------------------------------------

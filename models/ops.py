@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seq2serve.models.padded_rows import needs_padding, pad_rows, padded
 from seq2serve.models.quantized_weight import QuantizedWeight
 from seq2serve.runtime.kernels.activations import torch_activation
 from seq2serve.runtime.kernels.fp8_gemm import fp8_linear, scaled_product
@@ -141,6 +142,8 @@ class TritonOps(TorchOps):
                     or (tuple(w.shape), w.dtype, stored.dtype) in seen
                     or (stored.device.type != "cuda" and self._blocks["block_n"] is None)):
                 continue  # (off CUDA only fixed blocks run: the interpreter cannot tune)
+            if stored is w and stored.device.type == "cuda" and needs_padding(w):
+                pad_rows(w)  # (before tuning: the GEMV reads the same first rows)
             seen.add((tuple(w.shape), w.dtype, stored.dtype))
             for rows in {min(1, self.gemv_max_m), min(2, self.skinny_max_m)} - {0}:
                 self.linear(torch.zeros(rows, w.shape[1], dtype=w.dtype, device=stored.device),
@@ -160,6 +163,11 @@ class TritonOps(TorchOps):
             return small.skinny_gemm(x, stored, bias, **self._skinny_blocks, **scale)
         if _is_fp8(weight):
             return self._fp8_product(x, self._fp8.quantize(_rows(x)), weight, bias)
+        if needs_padding(stored) and (whole := padded(stored)) is not None:
+            # (an output row count not a multiple of 8: cuBLAS's aligned kernels on the padded
+            # weight, the padding's columns cut off; models/padded_rows.py)
+            out = F.linear(x, whole)[..., :stored.shape[0]]
+            return out + bias if bias is not None else out.contiguous()
         return super().linear(x, weight, bias)
 
     def norm_linear(self, x, norm_weight, eps, weight, bias=None, residual=None):

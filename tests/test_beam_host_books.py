@@ -282,9 +282,27 @@ def test_lay_out_and_rows_ahead_match_reference(seed):
     reqs = [r for g in groups for r in g.rows] + plain
     rng.shuffle(reqs)
     partly = [r if r.beam is not None or rng.random() < 0.7 else None for r in reqs]
-    cases = (None, [], [None, None], reqs, partly, rng.sample(reqs, len(reqs)))
+    laid = lay_out(reqs, None).reqs  # (the beam rows first, as a step lays them out)
+    cases = (None, [], [None, None], reqs, partly, rng.sample(reqs, len(reqs)), laid,
+             laid[:len(laid) // 2] + [None] + laid[len(laid) // 2:])
+    # `running` holds a group in the book by its first row (the others are its rows)
+    booked = {id(g) for g in groups if g.table_rows is not None}
+    running = [r for r in reqs if r.beam is None or id(r.beam) not in booked
+               or r is r.beam.rows[0]]
+    expanded = [x for r in running for x in
+                (r.beam.rows if r.beam is not None and id(r.beam) in booked else [r])]
+
+    def rows_of(result):
+        if result is None:
+            return None
+        got, pages = result
+        return [x for r in got for x in
+                (r.beam.rows if r.beam is not None and id(r.beam) in booked else [r])], pages
+
     for prev in cases:
         a, b = lay_out(reqs, prev), reference_lay_out(reqs, prev)
         assert (a.reqs, a.groups, a.prev_rows) == (b.reqs, b.groups, b.prev_rows)
+        a, b = lay_out(running, prev), reference_lay_out(running, prev)  # (first rows alone)
+        assert (a.reqs, a.groups, a.prev_rows) == (b.reqs, b.groups, b.prev_rows)
         for p in (prev or [], reqs):
-            assert rows_ahead(reqs, p, PS) == reference_rows_ahead(reqs, p, PS)
+            assert rows_of(rows_ahead(running, p, PS)) == reference_rows_ahead(expanded, p, PS)

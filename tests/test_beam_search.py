@@ -245,7 +245,7 @@ def test_abort_frees_a_beam_request_midway(beam_t5):
     for _ in range(3):
         sched.step()
         sched.check_integrity()
-    assert len(sched.running) == 5  # four beams and the greedy request
+    assert sched.running_rows == 5  # four beams and the greedy request
     first = sched.abort_request("a-1")  # any of its result rids aborts it
     assert first.rid == "a" and first.finished_reason["type"] == "abort"
     sched.check_integrity()

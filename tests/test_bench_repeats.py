@@ -70,6 +70,8 @@ def test_repeats_interleave_seq2serve_and_ctranslate2_in_one_command(tmp_path):
         speeds = [r["tokens_per_s"] for r in side["runs"]]
         assert side["repeats"] == 2 and side["tokens_per_s"] == statistics.median(speeds)
         assert side["tokens_per_s_min"] == min(speeds) > 0
+    for r in ours["runs"]:  # the scheduler's collector pauses in each timed run, per gen
+        assert len(r["gc_pause_ms"]) == 3 and min(r["gc_pause_ms"]) >= 0
     assert ct2["seq2serve_ratio"] == pytest.approx(ours["tokens_per_s"] / ct2["tokens_per_s"])
     assert len(ct2["paired_ratios"]) == 2
     assert ct2["same_output_as_seq2serve"] == 8  # CTranslate2 is the oracle of the outputs

@@ -217,3 +217,32 @@ print(size, psutil.Process().memory_info().rss - before)
     size, grown = map(int, out.split())
     assert size > 100 << 20
     assert grown > 0.9 * size, (size, grown)
+
+
+def test_request_ids_are_found_while_held_and_free_again_after(t5_dir, sources):
+    """`find` (the duplicate check, aborts) from the rid index: a queued, a running and a
+    beam request's other result rid are found; a finished or aborted one is not, and its rid
+    may be used again; the index does not grow with the rids a server has seen."""
+    sched = make_scheduler(t5_dir)
+    sched.add_request(request("a", sources[0], max_new_tokens=6, ignore_eos=True))
+    beam = request("b", sources[1], max_new_tokens=6, ignore_eos=True, num_beams=2,
+                   num_return_sequences=2)
+    beam.beam_rids = ["b", "b#1"]
+    sched.add_request(beam)
+    for rid in ("a", "b", "b#1"):  # queued
+        with pytest.raises(ValueError, match="already in use"):
+            sched.add_request(request(rid, sources[2], max_new_tokens=2))
+    sched.step()
+    assert sched.find("a").rid == "a" and sched.find("b#1") is sched.find("b")  # running
+    assert sched.abort_request("b#1").finished_reason["type"] == "abort"
+    assert sched.find("b") is None and sched.find("b#1") is None
+    run_to_completion(sched)
+    assert sched.find("a") is None
+    sched.add_request(request("a", sources[0], max_new_tokens=2))  # its rid is free again
+    run_to_completion(sched)
+    for i in range(2600):  # rids seen and gone: the index is pruned to the live ones
+        sched.add_request(request(f"gone{i}", sources[0], max_new_tokens=1))
+        if i % 100 == 99:
+            run_to_completion(sched)
+    assert len(sched.by_rid) < 1600 and sched.find("gone2599") is None
+    sched.check_integrity()

@@ -179,6 +179,13 @@ def _steps(r: dict) -> str:
             f"({r['device_busy_share']:.0%})")
 
 
+def _gc(r: dict) -> str:
+    """The scheduler's collector pauses in the run, where reported."""
+    if not r.get("gc_pause_ms"):
+        return ""
+    return f", collector pauses {sum(r['gc_pause_ms']):.0f} ms"
+
+
 def _offline(args) -> dict:
     from seq2serve.runtime.bench.engine_bench import bench_engine
 
@@ -207,7 +214,7 @@ def _offline(args) -> dict:
         print(f"seq2serve  concurrency {c:4d}: {r['tokens_per_s']:10.0f} tok/s  "
               f"({r['decode_steps']} forwards, {_steps(r)}, host waiting for the device "
               f"{r['host_waiting_share']:.0%} of the time, encoder "
-              f"{r['encoder_seconds']:.2f} s)", flush=True)
+              f"{r['encoder_seconds']:.2f} s{_gc(r)})", flush=True)
         if "kv_ratio_to_greedy" in r:
             print(f"KV bytes per request with {args.num_beams} beams: "
                   f"{r['kv_bytes_per_request'] / 2**20:.1f} MiB, "

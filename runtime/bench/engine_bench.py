@@ -88,8 +88,17 @@ def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: in
             # inputs the encoder ran on (not served from its cache): the encoder's FLOPs
             "encoder_inputs": after["encoder_inputs"] - before["encoder_inputs"],
             "host_waiting_share": device_bound,
+            # the scheduler process's garbage-collector pauses in the run (ms; gen 0, 1, 2)
+            "gc_pause_ms": _gc_delta(before, after),
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
+
+
+def _gc_delta(before: dict, after: dict) -> list[float]:
+    """Collector pause time per generation between two `stats()` (empty where not reported:
+    an engine without a scheduler process of its own)."""
+    b, a = before.get("gc_pause_total_ms"), after.get("gc_pause_total_ms")
+    return [round(y - x, 2) for x, y in zip(b, a)] if a and b else []
 
 
 def _mean(values) -> float:

@@ -193,8 +193,9 @@ class SamplingBatch:
             forced_rows=torch.from_numpy(forced).to(device) if forced.size else None,
             forced_ids=torch.tensor(forced_eos, dtype=torch.int64).to(device)
             if forced.size else None,
-            want_logprobs=any(map(_RETURN_LOGPROB, reqs)),
-            top_logprobs_num=max(map(_TOP_LOGPROBS_NUM, reqs), default=0),
+            want_logprobs=(want := any(map(_RETURN_LOGPROB, reqs))),
+            # (read only with log-probs: top log-probs are a part of them)
+            top_logprobs_num=max(map(_TOP_LOGPROBS_NUM, reqs), default=0) if want else 0,
             grammar_rows=list(grammar[0]) if grammar else None,
             grammar_mask=grammar[1].to(device, non_blocking=True)
             if grammar and grammar[1] is not None else None,

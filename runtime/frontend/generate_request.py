@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,10 @@ class GenerateReqInput:
     # each prompt's embedding (the encoder's output, mean-pooled and L2-normalised: meta_info
     # "embedding") in place of generated text; encoder-decoder text models only
     embed: bool = False
+    # the caller the scheduler's fair admission counts this call under (internal: the batches
+    # `split_rows` cuts one call into share one, so a call of 4,096 prompts is one caller);
+    # None: a caller of its own
+    group: str | None = None
 
     def normalize(self) -> tuple[bool, list[dict[str, Any]]]:
         """(is_batch, one dict per prompt with keys text|input_ids, decoder_input_ids,
@@ -152,12 +157,13 @@ def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
     if sum(rows) <= max_rows:
         return [obj]
     chunks, start, count = [], 0, 0
+    group = obj.group or uuid.uuid4().hex  # one caller: admitted as fairly as one batch
     for i, r in enumerate(rows + [max_rows + 1]):  # a sentinel closes the last chunk
         if count and (count + r > max_rows or i == n):
             part = slice(start, i)
             chunks.append(dataclasses.replace(
                 obj, **{_prompt_field(obj): prompts[part]},
-                **{k: v[part] for k, v in fields.items()}))
+                **{k: v[part] for k, v in fields.items()}, group=group))
             start, count = i, 0
         count += r
     return chunks

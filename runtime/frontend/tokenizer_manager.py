@@ -188,7 +188,7 @@ class TokenizerManager:
         per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
         tasks: dict[str, tuple] = {}  # result rid -> (task, image size, stop strings)
-        group = uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
+        group = obj.group or uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
         for item, images, size in zip(items, per_item, sizes):
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])

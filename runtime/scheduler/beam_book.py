@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
+
 if TYPE_CHECKING:
     from seq2serve.runtime.scheduler.beam_search import BeamGroup
 
@@ -35,6 +37,9 @@ class BeamBook:
         self.pages = np.zeros((rows, 8), dtype=np.int64)  # [table row, page index] -> page id
         self.tokens = np.zeros((rows, 32), dtype=np.int64)  # [table row, step] -> token
         self.refs = np.zeros(num_pages + 1, dtype=np.int32)  # page id -> rows holding it
+        self.version = 0  # counts the groups that entered or left (GroupMemo)
+        self._rows = GroupMemo(_row_columns, self)
+        self._prompts = GroupMemo(_prompt_columns, self)
 
     def _fit(self, pages: int = 0, tokens: int = 0) -> None:
         """Grow the arrays' columns (doubling) to hold `pages` pages and `tokens` tokens."""
@@ -60,6 +65,7 @@ class BeamBook:
         own = held[:, prefix:].ravel()
         np.add.at(self.refs, own, 1)
         group.table_rows, group.npages, group.steps = rows, n, 1
+        self.version += 1
         group.held = len(np.unique(own))
         group.peak_pages = max(group.peak_pages, prefix + group.held)
 
@@ -69,9 +75,20 @@ class BeamBook:
         own = np.unique(self.pages[group.table_rows, prefix:group.npages])
         self.refs[own] = 0
         group.table_rows = None
+        self.version += 1
         return own.tolist()
 
     # --- each step ---------------------------------------------------------------------------
+    def rows_of(self, groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each group's row count, their table rows (group by group) and each row's group
+        index (the same arrays as the step before while the groups are the same)."""
+        return self._rows(groups)
+
+    def prompts_of(self, groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray]:
+        """Each group's decoder prompt length and radix-owned pages (fixed while it is in the
+        book; the same arrays as the step before while the groups are the same)."""
+        return self._prompts(groups)
+
     def grow(self, groups: list[BeamGroup], new_pages: list[int]) -> None:
         """A page more for every row of `groups` (each at a page boundary), from `new_pages`
         (in row order)."""
@@ -98,15 +115,14 @@ class BeamBook:
         A moved row takes its parent's tokens and full pages and keeps its own last pages (the
         one the device copied the parent's partial page into, and any the next step's launch
         has added). Returns the pages no row holds any more (the caller frees them)."""
-        sizes = np.array([len(g.table_rows) for g in groups], dtype=np.int64)
-        rows = np.concatenate([g.table_rows for g in groups])
+        sizes, rows, group_of = self.rows_of(groups)
         src = rows[parents]
         steps = np.array([g.steps for g in groups], dtype=np.int64)
         self._fit(tokens=int(steps.max()) + 1)
         freed: list[int] = []
         moved = np.flatnonzero(src != rows)
         if moved.size:
-            which = np.repeat(np.arange(len(groups)), sizes)[moved]  # each moved row's group
+            which = group_of[moved]  # each moved row's group
             dst, src_m = rows[moved], src[moved]
             n = steps[which]
             w = int(n.max())
@@ -217,3 +233,15 @@ class BookPages(_BookRow):
 
     def __len__(self) -> int:
         return self.group.npages
+
+
+def _row_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sizes = np.array([len(g.table_rows) for g in groups], dtype=np.int64)
+    return (sizes, np.concatenate([g.table_rows for g in groups]),
+            np.repeat(np.arange(len(groups)), sizes))
+
+
+def _prompt_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray]:
+    heads = [g.rows[0] for g in groups]
+    return (np.array([len(h.decoder_input_ids) for h in heads], dtype=np.int64),
+            np.array([h.prefix_pages for h in heads], dtype=np.int64))

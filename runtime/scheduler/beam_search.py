@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import Req
 
 _NEG = np.float32(-1.0e9)  # HF's "never" score
@@ -132,13 +133,10 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
     """`advance_groups`, its running beams as arrays: the row each continues and its new
     token, [groups, most beams] (group i's first `k[i]` columns), and `k` (each group's
     num_beams)."""
-    # (the groups' fixed columns at once; per group only what changes: its length, and its
-    # finished hypotheses)
-    k, keep, forced, max_new, es_true, never = np.array([g.rule for g in groups],
-                                                        dtype=np.int64).T
-    es_true, never = es_true.astype(bool), never.astype(bool)
+    # (the groups' fixed columns, as at the step before while the groups are the same; per
+    # group only what changes: its length, and its finished hypotheses)
+    k, keep, forced, max_new, es_true, never, lps = _RULES(groups)
     heads = [g.rows[0] for g in groups]
-    lps = [h.sampling_params.length_penalty for h in heads]
     if starts is None:
         starts = np.concatenate(([0], np.cumsum(keep)[:-1]))
     starts = np.asarray(starts, dtype=np.int64)
@@ -205,3 +203,14 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
                                  k.tolist()):
         g.improvable, g.done, g.scores = imp, d, sc[:kk]
     return np.take_along_axis(row, run, 1), np.take_along_axis(tok, run, 1), k
+
+
+def _rule_columns(groups: list[BeamGroup]) -> tuple:
+    """Each group's `rule` as columns, and its length penalty."""
+    k, keep, forced, max_new, es_true, never = np.array([g.rule for g in groups],
+                                                        dtype=np.int64).reshape(-1, 6).T
+    lps = [g.rows[0].sampling_params.length_penalty for g in groups]
+    return k, keep, forced, max_new, es_true.astype(bool), never.astype(bool), lps
+
+
+_RULES = GroupMemo(_rule_columns)  # (a group's rule is fixed for its life: no book version)

@@ -221,8 +221,7 @@ class RequestMemory:
                 return None
             self.beam_book.grow(grow, new)
         lengths = [g.rows[0].kv_len for g in groups]
-        sizes = [len(g.rows) for g in groups]
-        rows = np.concatenate([g.table_rows for g in groups])
+        sizes, rows, _ = self.beam_book.rows_of(groups)
         slots = self.beam_book.slots(rows, np.repeat(np.array(lengths, dtype=np.int64), sizes))
         for g, n in zip(groups, lengths):
             for r in g.rows:
@@ -235,10 +234,9 @@ class RequestMemory:
         (each past its first step): their rows, in order, continue rows `parents` (indices
         into that concatenation) with `tokens`. Pages no row holds any more are freed;
         nothing is allocated (BeamBook.follow)."""
-        heads = [g.rows[0] for g in groups]
-        lengths = np.array([h.seq_len for h in heads], dtype=np.int64)
-        prefix = np.array([h.prefix_pages for h in heads], dtype=np.int64)
-        freed = self.beam_book.follow(groups, parents, tokens, lengths, prefix)
+        prompt, prefix = self.beam_book.prompts_of(groups)
+        steps = np.array([g.steps for g in groups], dtype=np.int64)  # (= len(output_ids))
+        freed = self.beam_book.follow(groups, parents, tokens, prompt + steps, prefix)
         if freed:
             self.token_to_kv.allocator.free(freed)
 

@@ -132,9 +132,10 @@ def decode_batch(reqs: list[Req], memory: RequestMemory, sampling: SamplingBatch
                 starts, ends = [0] * len(plain), [r.encoder_len for r in plain]
             starts = b_spans[0].tolist() + starts
             ends = b_spans[1].tolist() + ends
-        ids = b_ids.tolist() + ids
+        # (the columns that become tensors stay arrays: no list round trip)
+        ids = np.concatenate([b_ids, np.array(ids, dtype=np.int64)])
         at = np.concatenate([b_at, at])
-        locs = b_slots.tolist() + locs
+        locs = np.concatenate([b_slots, np.array(locs, dtype=np.int64)])
         encoder_lens = b_enc.tolist() + encoder_lens
         groups_col = b_groups.tolist() + groups_col
         table_rows = b_rows.tolist() + table_rows
@@ -160,15 +161,14 @@ def _beam_columns(groups: list, memory: RequestMemory) -> tuple:
     read their group's cross K/V), table rows, and cross ranges (None without spans)."""
     book = memory.beam_book
     heads = [g.rows[0] for g in groups]
-    sizes = np.array([len(g.rows) for g in groups], dtype=np.int64)
+    sizes, rows, group_of = book.rows_of(groups)
     lengths = [h.kv_len for h in heads]  # (each row's position: before the slots move it)
-    at = np.repeat(np.array(lengths, dtype=np.int64), sizes)
+    at = np.array(lengths, dtype=np.int64)[group_of]
     slots = memory.alloc_beam_next(groups)
     assert slots is not None, "scheduler decoded a beam group the KV pool cannot hold"
-    rows = np.concatenate([g.table_rows for g in groups])
-    steps = np.repeat(np.array([g.steps for g in groups], dtype=np.int64), sizes)
+    steps = np.array([g.steps for g in groups], dtype=np.int64)[group_of]
     ids = book.tokens[rows, steps - 1]
-    enc = np.repeat(np.array([h.encoder_len for h in heads], dtype=np.int64), sizes)
+    enc = np.array([h.encoder_len for h in heads], dtype=np.int64)[group_of]
     first = np.cumsum(sizes) - sizes
     cross_groups = np.zeros(len(rows), dtype=np.int64)
     cross_groups[first] = sizes
@@ -180,10 +180,10 @@ def _beam_columns(groups: list, memory: RequestMemory) -> tuple:
     return ids, at, slots, enc, cross_groups, rows, spans
 
 
-def _int64(values: list[int]) -> torch.Tensor:
+def _int64(values: list[int] | np.ndarray) -> torch.Tensor:
     """A CPU int64 tensor of `values` (through numpy: a third of torch.tensor's time on a
     list)."""
-    return torch.from_numpy(np.array(values, dtype=np.int64))
+    return torch.from_numpy(np.asarray(values, dtype=np.int64))
 
 
 def _cross_ranges(reqs: list[Req], spans_of: list[tuple[int, int]]) -> tuple[torch.Tensor,

@@ -145,7 +145,10 @@ class Scheduler:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = tuple(sorted(eos))
         self.waiting = policy if policy is not None else FairPolicy()  # admission order
-        self.running: list[Req] = []
+        self.running: list[Req] = []  # a beam group by its first row (its rows: `beam.rows`)
+        # every rid (a beam request's result rids too) a request was added under -> it; a hint
+        # that `find` confirms, rebuilt from the live requests when it outgrows them
+        self.by_rid: dict[str, Req] = {}
         # per forward mode: how many forwards and the largest batch (counters, not a log: a
         # server runs millions of forwards)
         self.forwards: Counter[str] = Counter()
@@ -217,6 +220,7 @@ class Scheduler:
         # prefixes, the encoder inputs they were computed under
         user_ns = (tr.user or "") if self.args.cache_isolation == "user" else ""
         req.namespace = (user_ns, *(seg.key for seg in req.segments))
+        self._index(req)
         # its matcher now if its grammar is compiled; else it waits for the compile thread
         if self.compiles.start(req, tr.group or tr.rid):
             self.waiting.push(req, tr.group or tr.rid)
@@ -279,15 +283,37 @@ class Scheduler:
         return self._output(req, [])
 
     def find(self, rid: str) -> Req | None:
-        """The request of `rid` (for a beam request: of any of its result rids)."""
-        for reqs in (self.running, self.waiting, [self.chunked] if self.chunked else [],
-                     self.compiles):
-            for r in reqs:
-                if r.rid == rid or (r.beam_rids is not None and rid in r.beam_rids):
-                    return r.beam.rows[0] if r.beam is not None else r
-        return None
+        """The request of `rid` (for a beam request: of any of its result rids) while it is
+        queued or running. `by_rid` names the candidate; it counts only if still held, so
+        a request that left by any path is not found (without a walk over every request)."""
+        r = self.by_rid.get(rid)
+        if r is None or not self._holds(r):
+            return None
+        return r.beam.rows[0] if r.beam is not None else r
+
+    def _holds(self, req: Req) -> bool:
+        return (req in self.running or req is self.chunked or req in self.waiting
+                or req in self.compiles)
+
+    def _index(self, req: Req) -> None:
+        """`req`'s rids into `by_rid` (its last output takes them out); the hints of requests
+        that left without one (refused at admission) are dropped once they outnumber the
+        live ones."""
+        for rid in req.beam_rids or [req.rid]:
+            self.by_rid[rid] = req
+        live = len(self.running) + len(self.waiting) + len(self.compiles) + 1
+        if len(self.by_rid) > 4 * live * max(1, len(req.beam_rids or ())) + 1024:
+            held = [*self.running, *self.waiting, *self.compiles, req,
+                    *([self.chunked] if self.chunked else [])]
+            self.by_rid = {rid: r for r in held for rid in r.beam_rids or [r.rid]}
 
     # --- the loop body -----------------------------------------------------------------------
+    @property
+    def running_rows(self) -> int:
+        """Decoder rows of the running requests: a beam group (in `running` by its first row,
+        the user's request) runs num_beams of them."""
+        return sum(r.sampling_params.num_beams for r in self.running)
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.in_flight or self.notices
@@ -425,7 +451,7 @@ class Scheduler:
         jobs: list = []
         size = self.args.chunked_prefill_size  # (also the step's prefill budget)
         budget = min(self.args.max_prefill_tokens, size or self.args.max_prefill_tokens)
-        rows = len(self.running)  # decoder rows: a beam request runs num_beams of them
+        rows = self.running_rows
         while self.waiting:
             req = self.waiting.peek()
             if rows + req.sampling_params.num_beams > self.args.max_running_requests:
@@ -456,15 +482,16 @@ class Scheduler:
 
     def _make_room_for_decode(self) -> None:
         def need() -> int:
-            return sum(self.memory.pages_to_grow(r, r.seq_len) for r in self.running)
+            # (a beam group's rows are all as long as its first: each needs as many)
+            return sum(self.memory.pages_to_grow(r, r.seq_len) * r.sampling_params.num_beams
+                       for r in self.running)
 
         while not self.memory.make_room(need()):
             if self.chunked is not None:  # no token yet: the least progress of all
                 self._retract(self.chunked)
                 continue
             victim = self.waiting.victim(self.running)
-            assert len(self.running) > len(victim.beam.rows if victim.beam else [victim]), \
-                "a lone request always fits (checked at admission)"
+            assert len(self.running) > 1, "a lone request always fits (checked at admission)"
             self._retract(victim)
 
     def _retract(self, victim: Req) -> None:
@@ -652,9 +679,9 @@ class Scheduler:
         for (g, _), grammar in zip(first_steps, grammars):
             if g in failed:
                 self._retract(g.rows[0])  # no room to copy the pages the beams now write
-            else:  # (the head joins the running batch with the other admitted requests)
+            else:  # (the head joins the running batch with the other admitted requests;
+                # it stands for its group's rows there)
                 set_beam_grammars(g, grammar)
-                self.running += g.rows[1:]
         return outputs
 
     def _follow_beams(self, groups: list[BeamGroup], run_rows: np.ndarray,
@@ -720,6 +747,10 @@ class Scheduler:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _output(self, req: Req, new_ids: list[int], logprobs=None, top=None) -> TokenOutput:
+        if req.finished:  # its last output: its rids leave the index
+            for rid in req.beam_rids or [req.rid]:
+                if self.by_rid.get(rid) is req:
+                    del self.by_rid[rid]
         out = TokenOutput(
             rid=req.rid, new_token_ids=new_ids,
             finished_reason=req.finished_reason.to_json() if req.finished else None,
@@ -748,7 +779,7 @@ class Scheduler:
     # --- operations --------------------------------------------------------------------------
     def stats(self) -> dict:
         return {
-            "running_requests": len(self.running),
+            "running_requests": self.running_rows,
             "waiting_requests": len(self.waiting),
             "encoder_forwards": self.encoder_stage.num_forwards,
             "encoder_inputs": self.encoder_stage.num_encoded_inputs,  # inputs encoded

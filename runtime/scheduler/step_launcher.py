@@ -24,6 +24,7 @@ from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.grammar_rows import grammar_masks
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
@@ -61,6 +62,7 @@ class StepLauncher:
         self.begin_suppressed = begin_suppressed  # tokens never a request's first (Whisper)
         self.timestamp_tokens = timestamp_tokens  # Whisper's, for rows with timestamps
         self.late_steps = 0  # steps whose sampling was made after their launch (stats)
+        self._moves_memo = GroupMemo(self._fixed_moves, memory.beam_book)
 
     def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
                chunk: tuple[Req, int] | None = None) -> InFlight:
@@ -153,8 +155,28 @@ class StepLauncher:
     def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
         """What the device needs to choose the beams of `groups` and move their pages: each
         group's stop ids and whether its next token is its last, and each row's table row and
-        page split."""
+        page split (the groups' fixed columns as at the step before, while they are the
+        same: `_fixed_moves`)."""
         ps = self.memory.page_size
+        stop_ids, sizes, table_rows, starts, max_beams = self._moves_memo(groups)
+        # (host lists become tensors through numpy: a fraction of torch.tensor's time on them;
+        # a group's rows are in the beam book, all of one length)
+        heads = [g.rows[0] for g in groups]
+        all_end = np.array([len(h.output_ids) + pending + 1 >= h.sampling_params.max_new_tokens
+                            for h in heads], dtype=np.bool_)
+        # (a group's first step: no move)
+        ends = [h.kv_len + 1 if n > 1 else 0 for h, n in zip(heads, sizes)]
+        length = np.repeat(np.array(ends, dtype=np.int64), sizes)
+        copy_len = length % ps  # positions written in the last page after this step
+        rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
+        copy_width = max(1, int(copy_len.max()))
+        rows = rows.to(self.device, non_blocking=True)
+        return BeamMoves(stop_ids, torch.from_numpy(all_end).to(self.device, non_blocking=True),
+                         rows[0], rows[1], rows[2], copy_width, starts, max_beams)
+
+    def _fixed_moves(self, groups: list[BeamGroup]) -> tuple:
+        """The columns of `_beam_moves` that stay while the groups do: stop ids (on the
+        device), row counts, table rows, each group's first row (on the device), most rows."""
         stop_sets = [g.stop_ids for g in groups]
         unique = set(stop_sets)
         width = max(1, max(len(s) for s in unique))
@@ -165,24 +187,10 @@ class StepLauncher:
         else:
             stop_ids = torch.tensor([sorted(s) + [-1] * (width - len(s)) for s in stop_sets],
                                     dtype=torch.int64).view(len(groups), width)
-        # (host lists become tensors through numpy: a fraction of torch.tensor's time on them;
-        # a group's rows are in the beam book, all of one length)
-        heads = [g.rows[0] for g in groups]
-        all_end = np.array([len(h.output_ids) + pending + 1 >= h.sampling_params.max_new_tokens
-                            for h in heads], dtype=np.bool_)
         sizes = [len(g.rows) for g in groups]
         table_rows = np.concatenate([g.table_rows if g.table_rows is not None
-                                     else np.array([h.req_pool_idx], dtype=np.int64)
-                                     for g, h in zip(groups, heads)])
-        # (a group's first step: no move)
-        ends = [h.kv_len + 1 if n > 1 else 0 for h, n in zip(heads, sizes)]
-        length = np.repeat(np.array(ends, dtype=np.int64), sizes)
-        copy_len = length % ps  # positions written in the last page after this step
-        rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
-        copy_width = max(1, int(copy_len.max()))
-        rows = rows.to(self.device, non_blocking=True)
+                                     else np.array([g.rows[0].req_pool_idx], dtype=np.int64)
+                                     for g in groups])
         starts = torch.from_numpy(np.array([0] + sizes, dtype=np.int64).cumsum())
-        return BeamMoves(stop_ids.contiguous().to(self.device, non_blocking=True),
-                         torch.from_numpy(all_end).to(self.device, non_blocking=True),
-                         rows[0], rows[1], rows[2], copy_width,
-                         starts.to(self.device, non_blocking=True), max(sizes))
+        return (stop_ids.contiguous().to(self.device, non_blocking=True), sizes, table_rows,
+                starts.to(self.device, non_blocking=True), max(sizes))

@@ -84,22 +84,23 @@ def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
 
 def rows_ahead(running: list[Req], prev: list[Req | None], page_size: int
                ) -> tuple[list[Req], int] | None:
-    """The rows of a decode step launched before the step in flight (of requests `prev`,
-    None for a row that samples no token: `ScheduleBatch.sampled`) is read, and the new pages
-    they need; None when some running request cannot run so (it has several tokens to
-    compute, or is a beam row the step in flight did not run). Requests whose token in flight
-    is their last are left out."""
+    """The requests of a decode step launched before the step in flight (of requests `prev`,
+    None for a row that samples no token: `ScheduleBatch.sampled`) is read (a beam group by
+    its first row, as `running` holds it), and the new pages their rows need; None when some
+    running request cannot run so (it has several tokens to compute, or is a beam row the
+    step in flight did not run). Requests whose token in flight is their last are left
+    out."""
     in_prev = set(prev)  # (requests hash by identity)
     rows, pages = [], 0
     for r in running:  # (one pass, each attribute read once: every row, every step)
         beam = r.beam
-        if beam is not None and beam.table_rows is not None:  # (its lengths: the group's)
+        if beam is not None and beam.table_rows is not None:  # (a group, by its first row)
             if r not in in_prev:
                 return None
             if beam.steps + 1 < r.sampling_params.max_new_tokens:
-                rows.append(r)
-                if r.kv_len == beam.npages * page_size:
-                    pages += 1
+                rows.append(r)  # (lay_out makes its rows)
+                if r.kv_len == beam.npages * page_size:  # (its rows are all as long)
+                    pages += len(beam.rows)
             continue
         done = len(r.output_ids)  # its generated tokens, the one in flight counted in
         if r in in_prev:
@@ -141,6 +142,15 @@ def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     groups = sorted(groups, key=_shape)  # stable: equal shapes keep order
     beam_rows = [r for g in groups for r in g.rows]
     others = [r for r in reqs if r.beam is None]
+    nb = len(beam_rows)
+    if nb and prev and prev[:nb] == beam_rows:  # (the usual beam step: as in the step before;
+        # rows compare by identity) the beam rows continue from the first rows, in order
+        where = dict(zip(prev[nb:], range(nb, len(prev))))
+        where.pop(None, None)
+        fresh = [r for r in others if r not in where]
+        cont = [r for r in others if r in where]
+        return StepRows(beam_rows + cont + fresh, groups,
+                        list(range(nb)) + [where[r] for r in cont])
     # each request's row in the step in flight (requests hash by identity)
     where = dict(zip(prev, range(len(prev)))) if prev else {}
     where.pop(None, None)  # (rows of the step in flight that sampled nothing)
