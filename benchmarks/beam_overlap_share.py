@@ -35,7 +35,8 @@ def tiny_bart() -> str:
 
 
 def count_launches(beams: int, every: int, requests: int, new_tokens: int) -> dict:
-    """(forward mode, "ahead" | "after read") -> launches, over the whole run."""
+    """(forward mode, "ahead" | "after read") -> launches, over the whole run; and "steps a
+    request" -> the mean steps from a request's arrival to its result."""
     path = tiny_bart()
     sched = Scheduler(ServerArgs(model_path=path, device="cpu", dtype="float32",
                                  load_format="dummy", max_running_requests=256,
@@ -51,15 +52,19 @@ def count_launches(beams: int, every: int, requests: int, new_tokens: int) -> di
     rng = random.Random(0)
     sp = {"max_new_tokens": new_tokens, "ignore_eos": True, "num_beams": beams}
     sent = step = 0
+    arrived, took = {}, []
     while sent < requests or sched.has_work:
         if sent < requests and step % every == 0:
             sched.add_request(TokenizedRequest(
                 rid=str(sent), encoder_input_ids=[rng.randrange(3, 500) for _ in range(16)],
                 decoder_input_ids=[2], sampling_params=SamplingParams.from_dict(sp)))
+            arrived[str(sent)] = step
             sent += 1
-        sched.step()
+        for out in sched.step():
+            if out.finished_reason is not None:
+                took.append(step + 1 - arrived[out.rid])
         step += 1
-    return dict(counts)
+    return {**counts, "steps a request": sum(took) / len(took)}
 
 
 def main() -> None:
@@ -70,8 +75,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     args = ap.parse_args()
     counts = count_launches(args.beams, args.every, args.requests, args.new_tokens)
+    took = counts.pop("steps a request")
     for (mode, when), n in sorted(counts.items()):
         print(f"{mode:7s} {when:10s} {n:5d}")
+    print(f"steps from a request's arrival to its result: {took:.1f} (mean)")
 
 
 if __name__ == "__main__":

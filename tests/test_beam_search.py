@@ -154,6 +154,46 @@ def test_beam_steps_run_a_step_ahead_of_the_host(beam_t5):
             assert results[0][r][1] == pytest.approx(score, abs=1e-4), r
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_beam_requests_arriving_mid_decode_join_the_decode_steps(beam_t5, overlap):
+    """A beam request admitted while beam groups and a greedy request decode is a row of the
+    next decode step (its prompt's token beside the others' next ones), not an EXTEND of its
+    own during which every running request waits: no forward but decodes, every running group
+    advancing at every step, and every result HF's, with a page size that makes the first
+    step copy a partly filled page."""
+    tok = load_tokenizer(beam_t5)
+    sources = [tok(s).input_ids for s in SOURCES[:4]]
+    sched = make_scheduler(beam_t5, page_size=3, disable_overlap_schedule=not overlap)
+    modes, launch = [], sched.worker.launch
+    sched.worker.launch = lambda wb: modes.append(wb.forward_mode.value) or launch(wb)
+    arrivals = {0: [0], 2: [1], 3: [2], 6: [3]}  # step -> sources arriving before it
+    expected, got = {}, {}
+    sched.add_request(request("greedy", sources[0], max_new_tokens=MAX_NEW, ignore_eos=True))
+    step = 0
+    while sched.has_work or step <= max(arrivals):
+        for s in arrivals.get(step, []):
+            case = CASES[s % 3]  # no n-gram bans or penalties: overlappable
+            sched.add_request(beam_request(f"s{s}", sources[s], *case))
+            expected[f"s{s}"] = hf_beams(beam_t5, sources[s], *case)
+        for o in sched.step():
+            got[o.rid] = (o.new_token_ids, o.extra.get("beam_score"))
+        sched.check_integrity()
+        step += 1
+    assert set(modes) == {"decode"}, modes
+    assert got["greedy"][0] == _greedy_alone(beam_t5, sources[0])
+    for rid, hyps in expected.items():
+        for i, (tokens, score) in enumerate(hyps):
+            r = rid if i == 0 else f"{rid}-{i}"
+            assert got[r][0] == tokens, r
+            assert got[r][1] == pytest.approx(score, abs=1e-4), r
+
+
+def _greedy_alone(path: str, ids: list[int]) -> list[int]:
+    sched = make_scheduler(path, page_size=3)
+    sched.add_request(request("alone", ids, max_new_tokens=MAX_NEW, ignore_eos=True))
+    return run_to_completion(sched)["alone"]
+
+
 def _strip(tokens: list[int], stops) -> list[int]:
     """A hypothesis as HF pads it, cut after its first stop token."""
     end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens) - 1)

@@ -103,8 +103,14 @@ def decode_batch(reqs: list[Req], memory: RequestMemory, sampling: SamplingBatch
     from the beam book). The caller has made sure the pool has a page for every request that
     needs one."""
     assert not groups or reqs[0] is groups[0].rows[0], "the beam rows come first"
-    beam = _beam_columns(groups, memory) if groups else None
-    plain = reqs[len(beam[0]):] if beam is not None else reqs
+    # groups at their first step (one row, the user's request, not in the beam book yet: its
+    # prompt's last token) come first in lay_out's shape order and take the per-row path
+    booked = [g for g in groups if g.table_rows is not None]
+    lead = len(groups) - len(booked)
+    assert all(len(g.rows) == 1 for g in groups[:lead]), "first steps lead the beam rows"
+    beam = _beam_columns(booked, memory) if booked else None
+    nb = len(beam[0]) if beam is not None else 0
+    plain = reqs[:lead] + reqs[lead + nb:] if lead else reqs[nb:]
     positions = [r.kv_len for r in plain]
     locs = memory.alloc_next(plain)
     assert locs is not None, "scheduler decoded a request the KV pool cannot hold"
@@ -130,15 +136,18 @@ def decode_batch(reqs: list[Req], memory: RequestMemory, sampling: SamplingBatch
             b_spans = b_spans if b_spans is not None else (np.zeros_like(b_enc), b_enc)
             if not starts:
                 starts, ends = [0] * len(plain), [r.encoder_len for r in plain]
-            starts = b_spans[0].tolist() + starts
-            ends = b_spans[1].tolist() + ends
-        # (the columns that become tensors stay arrays: no list round trip)
-        ids = np.concatenate([b_ids, np.array(ids, dtype=np.int64)])
-        at = np.concatenate([b_at, at])
-        locs = np.concatenate([b_slots, np.array(locs, dtype=np.int64)])
-        encoder_lens = b_enc.tolist() + encoder_lens
-        groups_col = b_groups.tolist() + groups_col
-        table_rows = b_rows.tolist() + table_rows
+        if ranged:
+            starts = starts[:lead] + b_spans[0].tolist() + starts[lead:]
+            ends = ends[:lead] + b_spans[1].tolist() + ends[lead:]
+        # (the columns that become tensors stay arrays: no list round trip; the book's rows
+        # after the `lead` first-step rows)
+        ids, locs = np.array(ids, dtype=np.int64), np.array(locs, dtype=np.int64)
+        ids = np.concatenate([ids[:lead], b_ids, ids[lead:]])
+        at = np.concatenate([at[:lead], b_at, at[lead:]])
+        locs = np.concatenate([locs[:lead], b_slots, locs[lead:]])
+        encoder_lens = encoder_lens[:lead] + b_enc.tolist() + encoder_lens[lead:]
+        groups_col = groups_col[:lead] + b_groups.tolist() + groups_col[lead:]
+        table_rows = table_rows[:lead] + b_rows.tolist() + table_rows[lead:]
     wb = DecoderBatch(ForwardMode.DECODE, DecoderInputs(
         input_ids=_int64(ids),
         positions=torch.from_numpy(at),

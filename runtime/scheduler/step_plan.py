@@ -33,9 +33,11 @@ from seq2serve.runtime.scheduler.req import Req
 def joins_decode(r: Req) -> bool:
     """An admitted request whose first forward can be a row of a decode step: one decoder
     token to compute (the start token, or the last one past a cached prefix), a token wanted,
-    no input to score, and not a beam group's first step (its rows are made on the host)."""
+    no input to score. A beam group joins as its one row: that step is its first, whose
+    candidates the host reads to make its rows (`RequestMemory.reorder_beams`), as after an
+    EXTEND; the running requests advance meanwhile instead of waiting for an EXTEND."""
     return (r.seq_len - r.kv_len == 1 and r.sampling_params.max_new_tokens > 0
-            and not r.wants_input_logprobs and r.beam is None)
+            and not r.wants_input_logprobs)
 
 
 def chunkable(r: Req) -> bool:
