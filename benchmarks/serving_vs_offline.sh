@@ -9,7 +9,8 @@
 # the offline engine's options as JSON (default: dummy weights, bf16, mem_fraction 0.9);
 # AUDIO_SECONDS=S: a Whisper shape's load, S-second WAV clips to /v1/audio/transcriptions
 # (`bench serving --audio-seconds`; [in] unused); SPY_AT, SPY_SECONDS, SPY_ARGS: when py-spy
-# starts (s after the server is up), for how long, more py-spy flags
+# starts (s after the server is up), for how long, more py-spy flags; NO_OFFLINE=1: the
+# fixed-concurrency load without the offline engine's run beside it
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
@@ -36,7 +37,7 @@ SPY=/tmp/site/bin/py-spy
 [ -x $SPY ] && [ -z "${NO_SPY:-}" ] && (sleep ${SPY_AT:-3}; $SPY record -p $SERVER --subprocesses -d ${SPY_SECONDS:-8} -r 200 -f raw ${SPY_ARGS:-} \
     -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
-    --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" --compare-offline \
+    --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" $([ -z "${NO_OFFLINE:-}" ] && echo --compare-offline) \
     --num-beams "$BEAMS" $AUDIO \
     --engine-args "${ENGINE_ARGS:-{\"load_format\": \"dummy\", \"dtype\": \"bfloat16\", \"mem_fraction\": 0.9\}}" \
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
