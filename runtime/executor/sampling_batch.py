@@ -12,13 +12,11 @@ import torch
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.beam_step import BeamMoves
+from seq2serve.runtime.executor.sampling_columns import FixedColumns, SamplingMemo
 from seq2serve.runtime.executor.seeded_race import row_key
 from seq2serve.runtime.executor.timestamp_rules import TimestampRows
 
-_PARAMS = attrgetter("sampling_params")
 _OUTPUT_IDS = attrgetter("output_ids")
-_RETURN_LOGPROB = attrgetter("return_logprob")
-_TOP_LOGPROBS_NUM = attrgetter("top_logprobs_num")
 
 
 class SamplingRow(Protocol):
@@ -98,7 +96,8 @@ class SamplingBatch:
                   beams: dict | None = None, forced_eos: tuple[int, ...] = (),
                   begin_suppressed: tuple[int, ...] = (),
                   grammar: tuple[list[int], torch.Tensor] | None = None,
-                  timestamp_tokens: TimestampTokens | None = None) -> SamplingBatch:
+                  timestamp_tokens: TimestampTokens | None = None,
+                  memo: SamplingMemo | None = None) -> SamplingBatch:
         """`pending`: tokens each request (or, a list, each row) has generated that the host
         has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
         is on the host); they count for seeds and min_new_tokens.
@@ -109,31 +108,23 @@ class SamplingBatch:
         grammar rows and their host bitmask (`grammar_rows`, `grammar_mask`; a mask of None is
         filled later, before the sampler runs: `StepLauncher.complete`).
         `timestamp_tokens`: the model's, for the rows whose sampling params ask for
-        timestamps (Whisper)."""
-        # (per-row attributes read with map/attrgetter: C loops, this runs every step)
-        sps = list(map(_PARAMS, reqs))
+        timestamps (Whisper). `memo`: keeps the columns of the rows while they stay (the
+        scheduler's, across steps)."""
+        # (per-row attributes read with map/attrgetter: C loops, this runs every step; what
+        # depends on the rows alone is kept by `memo` while they stay)
+        fixed = (memo.columns(reqs, vocab_size, device) if memo is not None
+                 else FixedColumns.of(reqs, vocab_size, device))
+        sps = fixed.sps
         pend = pending if isinstance(pending, list) else [pending] * len(reqs)
         # each request's generated tokens, those still on the device counted in
         done = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64,
                            count=len(reqs)) + np.array(pend, dtype=np.int64)
-        cols = _ParamColumns.of(sps, vocab_size)
-
-        def col(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype).view(-1, 1).to(device, non_blocking=True)
-
-        greedy = cols.row(cols.greedy, np.bool_)  # beams draw no random numbers
-        top_ks = cols.row(cols.top_ks)
-        filtered = cols.row(cols.filtered, np.bool_)
-        widths = [k for f, k in zip(cols.filtered, cols.top_ks) if f]
-        seeded = not all(cols.greedy) and any(sp.seed is not None and not g
-                                              for sp, g in zip(cols.params, cols.greedy))
-        penalized = any(sp.has_penalties for sp in cols.params)
 
         banned_rows, banned_cols = [], []
         # (the ban rules, row by row, only when a row has one: min_new_tokens not reached, a
         # first token with begin_suppressed, an n-gram rule)
-        if ((done < cols.row(cols.min_new)).any() or (begin_suppressed and (done == 0).any())
-                or any(sp.no_repeat_ngram_size for sp in cols.params)):
+        if ((done < fixed.min_new).any() or (begin_suppressed and (done == 0).any())
+                or fixed.ngram):
             for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
                 if begin_suppressed and len(r.output_ids) + p == 0:
                     banned_rows += [i] * len(begin_suppressed)
@@ -147,7 +138,7 @@ class SamplingBatch:
                     banned_rows += [i] * len(ban)
                     banned_cols += ban
 
-        forced = (np.flatnonzero(done + 1 >= cols.row(cols.max_new)) if forced_eos
+        forced = (np.flatnonzero(done + 1 >= fixed.max_new) if forced_eos
                   else np.zeros(0, dtype=np.int64))
 
         def padded(seqs: list[list[int]]) -> torch.Tensor:
@@ -157,35 +148,21 @@ class SamplingBatch:
                 t[i, : len(s)] = torch.tensor(list(s), dtype=torch.int64)  # (a beam row's: a view)
             return t.to(device, non_blocking=True)
 
-        stamped = ([i for i, sp in enumerate(sps) if sp.timestamps]
-                   if any(sp.timestamps for sp in cols.params) else [])
+        stamped = fixed.stamped
         if stamped:
             assert timestamp_tokens is not None, "refused at admission: no timestamp tokens"
             assert not any(pend[i] for i in stamped), "timestamp rows never run ahead"
             stamps = TimestampRows.of(stamped, [reqs[i].output_ids for i in stamped],
                                       timestamp_tokens, vocab_size, device)
+        penalized = fixed.penalized
 
         return cls(
-            temperatures=col(cols.row(cols.temperatures, np.float32)),
-            greedy=torch.from_numpy(greedy).to(device, non_blocking=True),
-            all_greedy=bool(greedy.all()),
-            top_ks=torch.from_numpy(top_ks).to(device)
-            if (top_ks < vocab_size).any() else None,
-            top_ps=col(cols.row(cols.top_ps, np.float32))
-            if any(p < 1.0 for p in cols.top_ps) else None,
-            min_ps=col(cols.row(cols.min_ps, np.float32))
-            if any(p > 0.0 for p in cols.min_ps) else None,
-            filtered=torch.from_numpy(filtered).to(device, non_blocking=True)
-            if filtered.any() else None,
-            filter_width=max(widths) if widths and max(widths) < vocab_size else None,
-            seeded=seeded,
-            keys=None if greedy.all() else _keys(reqs, sps, pend, seeded, device),
+            **fixed.fields,
+            keys=None if fixed.fields["all_greedy"] else _keys(reqs, sps, pend,
+                                                               fixed.seeded, device),
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,
             output_counts_ids=padded([r.output_ids for r in reqs]) if penalized else None,
-            repetition=col([sp.repetition_penalty for sp in sps]) if penalized else None,
-            frequency=col([sp.frequency_penalty for sp in sps]) if penalized else None,
-            presence=col([sp.presence_penalty for sp in sps]) if penalized else None,
             banned_rows=torch.tensor(banned_rows, dtype=torch.int64).to(device)
             if banned_rows else None,
             banned_cols=torch.tensor(banned_cols, dtype=torch.int64).to(device)
@@ -193,54 +170,12 @@ class SamplingBatch:
             forced_rows=torch.from_numpy(forced).to(device) if forced.size else None,
             forced_ids=torch.tensor(forced_eos, dtype=torch.int64).to(device)
             if forced.size else None,
-            want_logprobs=(want := any(map(_RETURN_LOGPROB, reqs))),
-            # (read only with log-probs: top log-probs are a part of them)
-            top_logprobs_num=max(map(_TOP_LOGPROBS_NUM, reqs), default=0) if want else 0,
             grammar_rows=list(grammar[0]) if grammar else None,
             grammar_mask=grammar[1].to(device, non_blocking=True)
             if grammar and grammar[1] is not None else None,
             timestamps=stamps if stamped else None,
             **(beams or {}),
         )
-
-
-@dataclass
-class _ParamColumns:
-    """The sampling columns of each distinct SamplingParams object of a batch, computed once
-    each (a beam group's rows share one, and so do many requests), and which one each row
-    has: `row(values)` spreads a per-object column over the rows."""
-
-    params: list[SamplingParams]  # the distinct objects
-    which: np.ndarray  # [B] each row's index into `params`
-    greedy: list[bool]  # greedy or beam (no random numbers)
-    temperatures: list[float]  # 1.0 for greedy ones (they take the argmax)
-    top_ks: list[int]  # vocab size where disabled
-    top_ps: list[float]
-    min_ps: list[float]
-    filtered: list[bool]  # sampled with a top-k / top-p / min-p rule
-    min_new: list[int]
-    max_new: list[int]
-
-    @classmethod
-    def of(cls, sps: list[SamplingParams], vocab_size: int) -> _ParamColumns:
-        # the objects by identity (all alive in `sps`, so no id is reused meanwhile)
-        ids = np.fromiter(map(id, sps), dtype=np.int64, count=len(sps))
-        _, first, which = np.unique(ids, return_index=True, return_inverse=True)
-        params = [sps[i] for i in first.tolist()]
-        greedy = [sp.is_greedy or sp.is_beam for sp in params]
-        top_ks = [sp.top_k_or_none or vocab_size for sp in params]
-        top_ps = [sp.top_p for sp in params]
-        min_ps = [sp.min_p for sp in params]
-        return cls(params, which, greedy,
-                   [1.0 if g else sp.temperature for g, sp in zip(greedy, params)],
-                   top_ks, top_ps, min_ps,
-                   [not g and (k < vocab_size or p < 1.0 or m > 0.0)
-                    for g, k, p, m in zip(greedy, top_ks, top_ps, min_ps)],
-                   [sp.min_new_tokens for sp in params], [sp.max_new_tokens for sp in params])
-
-    def row(self, values: list, dtype=np.int64) -> np.ndarray:
-        """A per-object column as a per-row array."""
-        return np.array(values, dtype=dtype)[self.which]
 
 
 def _keys(reqs: list[SamplingRow], sps: list[SamplingParams], pending: list[int],

@@ -360,6 +360,7 @@ class Scheduler:
         if self.running:
             return self._decode_step()
         outputs = self._flush()
+        self.launcher.sampling_memo.clear()  # (no batch: its rows are not held)
         if not outputs and self.args.debug_checks:
             self.check_integrity()
         return outputs

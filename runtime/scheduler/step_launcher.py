@@ -22,6 +22,7 @@ from seq2serve.runtime.config.timestamp_tokens import TimestampTokens
 from seq2serve.runtime.executor.beam_step import BeamMoves
 from seq2serve.runtime.executor.sampler import StepOutput
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
+from seq2serve.runtime.executor.sampling_columns import SamplingMemo
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.grammar_rows import grammar_masks
 from seq2serve.runtime.scheduler.group_memo import GroupMemo
@@ -63,6 +64,8 @@ class StepLauncher:
         self.timestamp_tokens = timestamp_tokens  # Whisper's, for rows with timestamps
         self.late_steps = 0  # steps whose sampling was made after their launch (stats)
         self._moves_memo = GroupMemo(self._fixed_moves, memory.beam_book)
+        # the sampling columns of a batch's rows, while the same rows come again
+        self.sampling_memo = SamplingMemo()
 
     def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
                chunk: tuple[Req, int] | None = None) -> InFlight:
@@ -130,7 +133,8 @@ class StepLauncher:
         return SamplingBatch.from_reqs(reqs, self.vocab_size, self.eos_ids, self.device,
                                        pending=pending, beams=beams, forced_eos=self.forced_eos,
                                        begin_suppressed=self.begin_suppressed, grammar=grammar,
-                                       timestamp_tokens=self.timestamp_tokens)
+                                       timestamp_tokens=self.timestamp_tokens,
+                                       memo=self.sampling_memo)
 
     def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
                      order: torch.Tensor | None) -> dict:
