@@ -97,7 +97,8 @@ class SamplingBatch:
                   begin_suppressed: tuple[int, ...] = (),
                   grammar: tuple[list[int], torch.Tensor] | None = None,
                   timestamp_tokens: TimestampTokens | None = None,
-                  memo: SamplingMemo | None = None) -> SamplingBatch:
+                  memo: SamplingMemo | None = None,
+                  generated: np.ndarray | None = None) -> SamplingBatch:
         """`pending`: tokens each request (or, a list, each row) has generated that the host
         has not seen yet (the overlap scheduler's one step of lag; 0 for a row whose input
         is on the host); they count for seeds and min_new_tokens.
@@ -109,7 +110,8 @@ class SamplingBatch:
         filled later, before the sampler runs: `StepLauncher.complete`).
         `timestamp_tokens`: the model's, for the rows whose sampling params ask for
         timestamps (Whisper). `memo`: keeps the columns of the rows while they stay (the
-        scheduler's, across steps)."""
+        scheduler's, across steps). `generated`: each row's generated tokens as the host has
+        them, where the caller knows them cheaper than `len(output_ids)` row by row."""
         # (per-row attributes read with map/attrgetter: C loops, this runs every step; what
         # depends on the rows alone is kept by `memo` while they stay)
         fixed = (memo.columns(reqs, vocab_size, device) if memo is not None
@@ -117,19 +119,21 @@ class SamplingBatch:
         sps = fixed.sps
         pend = pending if isinstance(pending, list) else [pending] * len(reqs)
         # each request's generated tokens, those still on the device counted in
-        done = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64,
-                           count=len(reqs)) + np.array(pend, dtype=np.int64)
+        if generated is None:
+            generated = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64,
+                                    count=len(reqs))
+        done = generated + np.array(pend, dtype=np.int64)
 
         banned_rows, banned_cols = [], []
         # (the ban rules, row by row, only when a row has one: min_new_tokens not reached, a
         # first token with begin_suppressed, an n-gram rule)
         if ((done < fixed.min_new).any() or (begin_suppressed and (done == 0).any())
                 or fixed.ngram):
-            for i, (r, sp, p) in enumerate(zip(reqs, sps, pend)):
-                if begin_suppressed and len(r.output_ids) + p == 0:
+            for i, (r, sp, n) in enumerate(zip(reqs, sps, done.tolist())):
+                if begin_suppressed and n == 0:
                     banned_rows += [i] * len(begin_suppressed)
                     banned_cols += list(begin_suppressed)
-                if len(r.output_ids) + p < sp.min_new_tokens:
+                if n < sp.min_new_tokens:
                     ban = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_ids))
                     banned_rows += [i] * len(ban)
                     banned_cols += sorted(ban)

@@ -20,7 +20,7 @@ from seq2serve.runtime.grammar.bitmask import step_bitmask
 from seq2serve.runtime.grammar.compiler import GrammarCache
 from seq2serve.runtime.grammar.matcher import RowGrammar, accept_rows, fill_rows
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
-from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.req import READS_HISTORY, Req
 
 DEAD_END = ("the grammar allows no token of this model's vocabulary at this point of the "
             "output (the vocabulary cannot write what the grammar requires next)")
@@ -72,6 +72,8 @@ class Grammars:
 def grammar_masks(reqs: list[Req], vocab_size: int) -> tuple[list[int], torch.Tensor] | None:
     """The batch rows with a grammar and a bitmask of a row per batch row, theirs filled now
     on the host (None if no row has one)."""
+    if not any(map(READS_HISTORY, reqs)):  # (a grammar row reads its history: a C loop)
+        return None
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
@@ -31,6 +32,11 @@ class FinishReason:
         if self.message is not None:
             d["message"] = self.message
         return d
+
+
+# whether a request reads its generated tokens every step (`Req.reads_history`), for C loops
+# over a batch
+READS_HISTORY = attrgetter("reads_history")
 
 
 @dataclass(eq=False)

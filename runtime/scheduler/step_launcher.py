@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +27,7 @@ from seq2serve.runtime.executor.sampling_columns import SamplingMemo
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.grammar_rows import grammar_masks
 from seq2serve.runtime.scheduler.group_memo import GroupMemo
-from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.req import READS_HISTORY, Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
 from seq2serve.runtime.scheduler.step_plan import lay_out, plain_greedy
@@ -34,6 +35,8 @@ from seq2serve.runtime.scheduler.step_plan import lay_out, plain_greedy
 if TYPE_CHECKING:
     from seq2serve.runtime.executor.worker_batch import DecoderBatch
 
+
+_OUTPUT_IDS = attrgetter("output_ids")
 
 @dataclass
 class InFlight:
@@ -92,11 +95,11 @@ class StepLauncher:
             # last one is still on the device, they are made once the host has read it
             # (`complete`), while the forward runs
             # (the rows with a token pending are the first `rows.continuing`)
-            late = any([r.reads_history for r in rows.reqs[:rows.continuing]])
+            late = any(map(READS_HISTORY, rows.reqs[:rows.continuing]))
             # a late step's sampling batch is made by `complete`; until then the launch needs
             # only its beam rows (whether the groups fit the CUDA graphs' cross grid)
             sampling = (None if late and beams is None
-                        else self._sampling(rows.reqs, pending, beams, late))
+                        else self._sampling(rows.reqs, pending, beams, late, rows.groups))
         if mode is ForwardMode.DECODE:
             batch = decode_batch(rows.reqs, self.memory, sampling, rows.groups)
         else:
@@ -117,14 +120,15 @@ class StepLauncher:
         if f.late is None:
             return
         wb = f.batch.worker_batch
-        wb.sampling = self._sampling(f.batch.reqs, 0, f.beams, False)
+        wb.sampling = self._sampling(f.batch.reqs, 0, f.beams, False, f.batch.beam_groups)
         f.pending, f.late = f.late(), None
         self.late_steps += 1
 
     def _sampling(self, reqs: list[Req], pending: int | list[int], beams: dict | None,
-                  late: bool) -> SamplingBatch:
+                  late: bool, groups: list[BeamGroup] = ()) -> SamplingBatch:
         """The step's sampling batch; `late`: the grammar masks are left unfilled (and the
-        history-read fields are made again by `complete`)."""
+        history-read fields are made again by `complete`). `groups`: the batch's beam groups,
+        whose rows come first."""
         if late:  # (the grammar rows alone; their masks are filled by `complete`)
             marked = [i for i, r in enumerate(reqs) if r.grammar is not None]
             grammar = (marked, None) if marked else None
@@ -134,7 +138,8 @@ class StepLauncher:
                                        pending=pending, beams=beams, forced_eos=self.forced_eos,
                                        begin_suppressed=self.begin_suppressed, grammar=grammar,
                                        timestamp_tokens=self.timestamp_tokens,
-                                       memo=self.sampling_memo)
+                                       memo=self.sampling_memo,
+                                       generated=_generated(reqs, groups))
 
     def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
                      order: torch.Tensor | None) -> dict:
@@ -198,3 +203,18 @@ class StepLauncher:
         starts = torch.from_numpy(np.array([0] + sizes, dtype=np.int64).cumsum())
         return (stop_ids.contiguous().to(self.device, non_blocking=True), sizes, table_rows,
                 starts.to(self.device, non_blocking=True), max(sizes))
+
+
+def _generated(reqs: list[Req], groups: list[BeamGroup]) -> np.ndarray | None:
+    """Each row's generated tokens: a beam group's rows (first in the batch, group by group)
+    all have their group's, read once a group rather than once a row (a row's tokens in the
+    beam book are a view whose length is a Python call)."""
+    if not groups:
+        return None
+    assert reqs[0] is groups[0].rows[0], "the beam rows come first"
+    sizes = [len(g.rows) for g in groups]
+    beam = np.repeat(np.fromiter((len(g.rows[0].output_ids) for g in groups), dtype=np.int64,
+                                 count=len(groups)), sizes)
+    rest = reqs[len(beam):]
+    return np.concatenate([beam, np.fromiter(map(len, map(_OUTPUT_IDS, rest)),
+                                             dtype=np.int64, count=len(rest))])

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
-from seq2serve.runtime.scheduler.req import Req
+from seq2serve.runtime.scheduler.req import READS_HISTORY, Req
 
 
 def joins_decode(r: Req) -> bool:
@@ -66,9 +66,10 @@ def overlappable(reqs: list[Req], late_sampling: bool = False) -> bool:
     groups = {r.beam for r in reqs}  # (groups hash by identity)
     if any(g is not None and len(g.rows) == 1 for g in groups):
         return False
+    if not any(map(READS_HISTORY, reqs)):  # (a C loop: the usual case)
+        return True
     history = [r for r in reqs if r.reads_history]
-    return not history or (late_sampling
-                           and not any(r.sampling_params.timestamps for r in history))
+    return late_sampling and not any(r.sampling_params.timestamps for r in history)
 
 
 def plain_greedy(r: Req, pending: int = 0, forced_eos: tuple[int, ...] = (),
