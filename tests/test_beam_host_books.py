@@ -115,8 +115,13 @@ def reference_rows_ahead(running, prev, page_size):
     in_prev = {id(r) for r in prev if r is not None}
     rows, pages = [], 0
     for r in running:
-        pending = 1 if id(r) in in_prev else 0
-        if not pending and (r.seq_len - r.kv_len != 1 or r.beam is not None):
+        g = r.beam
+        booked = g is not None and g.table_rows is not None
+        # (a booked group's rows continue the step in flight with its first row, or join)
+        pending = 1 if id(g.rows[0] if booked else r) in in_prev else 0
+        if g is not None and not booked and pending:
+            continue  # (its first step is in flight: its rows do not exist yet)
+        if not pending and not booked and r.seq_len - r.kv_len != 1:
             return None
         if len(r.output_ids) + pending < r.sampling_params.max_new_tokens:
             rows.append(r)
@@ -131,10 +136,15 @@ def reference_lay_out(reqs, prev):
     where = {id(r): i for i, r in enumerate(prev or ()) if r is not None}
     others = [r for r in reqs if r.beam is None]
     fresh = [r for r in others if id(r) not in where]
-    cont = beam_rows + [r for r in others if id(r) in where]
+    cont = [r for r in others if id(r) in where]
     if not where:
         return StepRows(beam_rows + others, groups, [])
-    return StepRows(cont + fresh, groups, [where[id(r)] for r in cont])
+    # beam rows not in the step in flight join (-1: the host's tokens and scores)
+    beam_prev = [where.get(id(r), -1) for r in beam_rows]
+    if not cont and all(p < 0 for p in beam_prev):
+        return StepRows(beam_rows + fresh, groups, [])
+    return StepRows(beam_rows + cont + fresh, groups, beam_prev + [where[id(r)] for r in cont],
+                    -1 in beam_prev)
 
 
 def make_groups(rng: random.Random, n: int, steady: bool = True) -> list[BeamGroup]:
@@ -283,8 +293,10 @@ def test_lay_out_and_rows_ahead_match_reference(seed):
     rng.shuffle(reqs)
     partly = [r if r.beam is not None or rng.random() < 0.7 else None for r in reqs]
     laid = lay_out(reqs, None).reqs  # (the beam rows first, as a step lays them out)
+    # (the last: one group not in the step in flight, as after its first step: it joins)
     cases = (None, [], [None, None], reqs, partly, rng.sample(reqs, len(reqs)), laid,
-             laid[:len(laid) // 2] + [None] + laid[len(laid) // 2:])
+             laid[:len(laid) // 2] + [None] + laid[len(laid) // 2:],
+             [r for r in laid if r.beam is not groups[0]])
     # `running` holds a group in the book by its first row (the others are its rows)
     booked = {id(g) for g in groups if g.table_rows is not None}
     running = [r for r in reqs if r.beam is None or id(r.beam) not in booked
@@ -299,10 +311,17 @@ def test_lay_out_and_rows_ahead_match_reference(seed):
         return [x for r in got for x in
                 (r.beam.rows if r.beam is not None and id(r.beam) in booked else [r])], pages
 
+    joined = 0
     for prev in cases:
         a, b = lay_out(reqs, prev), reference_lay_out(reqs, prev)
-        assert (a.reqs, a.groups, a.prev_rows) == (b.reqs, b.groups, b.prev_rows)
+        joined += a.joining
+        assert (a.reqs, a.groups, a.prev_rows, a.joining) == (b.reqs, b.groups, b.prev_rows,
+                                                              b.joining)
+        assert a.pending == [int(p >= 0) for p in b.prev_rows] + [0] * (len(b.reqs)
+                                                                        - len(b.prev_rows))
         a, b = lay_out(running, prev), reference_lay_out(running, prev)  # (first rows alone)
-        assert (a.reqs, a.groups, a.prev_rows) == (b.reqs, b.groups, b.prev_rows)
+        assert (a.reqs, a.groups, a.prev_rows, a.joining) == (b.reqs, b.groups, b.prev_rows,
+                                                              b.joining)
         for p in (prev or [], reqs):
             assert rows_of(rows_ahead(running, p, PS)) == reference_rows_ahead(expanded, p, PS)
+    assert joined  # (a group joined beside continuing rows)

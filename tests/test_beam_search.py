@@ -146,7 +146,14 @@ def test_beam_steps_run_a_step_ahead_of_the_host(beam_t5):
         got, ahead = run_counting_steps_ahead(sched)
         assert (ahead > 0) == overlap, ahead
         results.append(got)
-    assert results[0] == results[1]
+    # the same tokens; scores to float32 rounding: with overlap a group sits out the step
+    # launched while its first is in flight, so the batches (and the CPU GEMMs' blocking, to
+    # the last bit of a logit) differ between the two schedules
+    assert results[0].keys() == results[1].keys()
+    for rid, (tokens, score) in results[0].items():
+        assert results[1][rid][0] == tokens, rid
+        close = score if score is None else pytest.approx(score, rel=1e-6)  # (None: no beams)
+        assert results[1][rid][1] == close, rid
     for rid, hyps in expected.items():
         for i, (tokens, score) in enumerate(hyps):
             r = rid if i == 0 else f"{rid}-{i}"
@@ -160,12 +167,22 @@ def test_beam_requests_arriving_mid_decode_join_the_decode_steps(beam_t5, overla
     next decode step (its prompt's token beside the others' next ones), not an EXTEND of its
     own during which every running request waits: no forward but decodes, every running group
     advancing at every step, and every result HF's, with a page size that makes the first
-    step copy a partly filled page."""
+    step copy a partly filled page. With the overlap schedule every decode after the first is
+    launched ahead of the step in flight: a group sits out the step launched while its first
+    is in flight and joins the next with the rows the host made (their tokens and scores from
+    the host, beside groups whose come from the device)."""
     tok = load_tokenizer(beam_t5)
     sources = [tok(s).input_ids for s in SOURCES[:4]]
     sched = make_scheduler(beam_t5, page_size=3, disable_overlap_schedule=not overlap)
     modes, launch = [], sched.worker.launch
     sched.worker.launch = lambda wb: modes.append(wb.forward_mode.value) or launch(wb)
+    ahead, step_launch = [], sched._launch  # whether each launch ran ahead of the step in flight
+
+    def counted(mode, reqs, prev=None, chunk=None):
+        ahead.append(prev is not None)
+        return step_launch(mode, reqs, prev, chunk)
+
+    sched._launch = counted
     arrivals = {0: [0], 2: [1], 3: [2], 6: [3]}  # step -> sources arriving before it
     expected, got = {}, {}
     sched.add_request(request("greedy", sources[0], max_new_tokens=MAX_NEW, ignore_eos=True))
@@ -180,6 +197,8 @@ def test_beam_requests_arriving_mid_decode_join_the_decode_steps(beam_t5, overla
         sched.check_integrity()
         step += 1
     assert set(modes) == {"decode"}, modes
+    if overlap:  # a group's first step, and the step after it, run ahead like any other
+        assert ahead == [False] + [True] * (len(ahead) - 1), ahead
     assert got["greedy"][0] == _greedy_alone(beam_t5, sources[0])
     for rid, hyps in expected.items():
         for i, (tokens, score) in enumerate(hyps):

@@ -392,9 +392,10 @@ class Scheduler:
         """The decoder prompts of `admitted` as one EXTEND (the last one's next chunk only,
         when it is prefilled in chunks: it waits in `chunked`, out of the running batch, and
         is not sampled). With the overlap schedule it is launched before the step in flight
-        is read, and the next decode step takes its sampled tokens on the device; a beam
-        group's first step, or a request that reads every generated token, runs it with the
-        host waiting."""
+        is read, and the next decode step takes its sampled tokens on the device (a beam
+        group's first step included: the group sits that step out, `rows_ahead`); a request
+        whose rules read every generated token and cannot run ahead runs it with the host
+        waiting."""
         chunk = self._chunk(admitted)
         part = chunk[0] if chunk is not None else None
         if self.overlap and overlappable(admitted, self.late_sampling):

@@ -30,7 +30,7 @@ from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import READS_HISTORY, Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
-from seq2serve.runtime.scheduler.step_plan import lay_out, plain_greedy
+from seq2serve.runtime.scheduler.step_plan import StepRows, lay_out, plain_greedy
 
 if TYPE_CHECKING:
     from seq2serve.runtime.executor.worker_batch import DecoderBatch
@@ -84,13 +84,13 @@ class StepLauncher:
             input_ids = prev.pending.next_token_ids
             if rows.prev_rows != list(range(len(prev.batch.reqs))):
                 order = torch.tensor(rows.prev_rows, device=input_ids.device)
-                input_ids = input_ids[order]
+                # (the rows of joining beam groups, -1: their tokens come from the host)
+                input_ids = input_ids[order.clamp(min=0) if rows.joining else order]
         pending = rows.pending
         sampling, late, beams = None, False, None  # plain greedy: the argmax, nothing to build
         if not all(plain_greedy(r, p, self.forced_eos, self.begin_suppressed)
                    for r, p in zip(rows.reqs, pending)):
-            beams = (self._beam_layout(rows.groups, mode, prev, order) if rows.groups
-                     else None)
+            beams = (self._beam_layout(rows, mode, prev, order) if rows.groups else None)
             # grammar masks, penalties and n-gram bans read every generated token: if a row's
             # last one is still on the device, they are made once the host has read it
             # (`complete`), while the forward runs
@@ -105,6 +105,9 @@ class StepLauncher:
         else:
             batch = ScheduleBatch.extend(rows.reqs, self.memory, sampling, chunk)
         wb: DecoderBatch = batch.worker_batch
+        if rows.joining:  # (the joining beam rows among the first rows: the host's tokens)
+            host = wb.inputs.input_ids[:rows.continuing].to(input_ids.device, non_blocking=True)
+            input_ids = torch.where(order >= 0, input_ids, host)
         wb.input_ids_device = input_ids  # the first rows' inputs; the rest are on the host
         batch.beam_groups = rows.groups
         if late:
@@ -141,27 +144,41 @@ class StepLauncher:
                                        memo=self.sampling_memo,
                                        generated=_generated(reqs, groups))
 
-    def _beam_layout(self, groups: list[BeamGroup], mode: ForwardMode, prev: InFlight | None,
+    def _beam_layout(self, step: StepRows, mode: ForwardMode, prev: InFlight | None,
                      order: torch.Tensor | None) -> dict:
-        """The sampler's beam fields: the buckets of equally shaped groups (in `groups`' order),
-        the rows' running scores (the host's, or those `prev` left on the device), and, in a
-        decode step, what the device needs to choose the beams of groups past their first
-        step and move their pages (`BeamMoves`)."""
+        """The sampler's beam fields: the buckets of equally shaped groups (in the step's
+        order), the rows' running scores (the host's, or those `prev` left on the device; the
+        host's for groups that join), and, in a decode step, what the device needs to choose
+        the beams of groups past their first step and move their pages (`BeamMoves`)."""
+        groups = step.groups
         # (groups, rows, keep) for each run of groups of one shape (rows, keep)
         shapes = groupby([(len(g.rows), g.keep) for g in groups])
         buckets = [(len(list(run)), *shape) for shape, run in shapes]
         rows = sum(n * size for n, size, _ in buckets)
-        if prev is not None:
-            scores = prev.pending.beam_running_scores
-            scores = scores[order[:rows]] if order is not None else scores[:rows]
+        pending: int | list[int] = 0
+        scores = prev.pending.beam_running_scores if prev is not None else None
+        if (scores is not None and step.continuing
+                and not (step.joining and max(step.prev_rows[:rows]) < 0)):
+            if step.joining:  # (the joining groups' rows: the host's scores)
+                kept = order[:rows]
+                host = torch.tensor([s for g in groups for s in g.scores], dtype=torch.float32)
+                host = host.to(scores.device, non_blocking=True)
+                scores = scores[kept.clamp(min=0)]
+                scores = torch.where(kept.view(-1, *([1] * (scores.dim() - 1))) >= 0, scores,
+                                     host.view(scores.shape))
+                # (a group's tokens in flight: one if it continues, none if it joins)
+                pending = step.pending_of_groups()
+            else:
+                scores = scores[order[:rows]] if order is not None else scores[:rows]
+                pending = 1
         else:
             scores = [s for g in groups for s in g.scores]
         moves = None
         if mode is ForwardMode.DECODE and any(len(g.rows) > 1 for g in groups):
-            moves = self._beam_moves(groups, 0 if prev is None else 1)
+            moves = self._beam_moves(groups, pending)
         return SamplingBatch.beam_layout(scores, buckets, self.device, moves)
 
-    def _beam_moves(self, groups: list[BeamGroup], pending: int) -> BeamMoves:
+    def _beam_moves(self, groups: list[BeamGroup], pending: int | list[int]) -> BeamMoves:
         """What the device needs to choose the beams of `groups` and move their pages: each
         group's stop ids and whether its next token is its last, and each row's table row and
         page split (the groups' fixed columns as at the step before, while they are the
@@ -171,8 +188,9 @@ class StepLauncher:
         # (host lists become tensors through numpy: a fraction of torch.tensor's time on them;
         # a group's rows are in the beam book, all of one length)
         heads = [g.rows[0] for g in groups]
-        all_end = np.array([len(h.output_ids) + pending + 1 >= h.sampling_params.max_new_tokens
-                            for h in heads], dtype=np.bool_)
+        pend = pending if isinstance(pending, list) else [pending] * len(groups)
+        all_end = np.array([len(h.output_ids) + p + 1 >= h.sampling_params.max_new_tokens
+                            for h, p in zip(heads, pend)], dtype=np.bool_)
         # (a group's first step: no move)
         ends = [h.kv_len + 1 if n > 1 else 0 for h, n in zip(heads, sizes)]
         length = np.repeat(np.array(ends, dtype=np.int64), sizes)

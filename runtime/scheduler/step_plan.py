@@ -56,16 +56,14 @@ def chunk_end(r: Req, budget: int) -> int:
 
 def overlappable(reqs: list[Req], late_sampling: bool = False) -> bool:
     """Whether a step of these requests may be launched before the host has read the step
-    before. A beam group's first step spawns its rows on the host (past its first step the
-    device chooses its beams, beam_step.py). Penalties, n-gram bans and grammars read every
+    before. (A beam group's first step may: the group sits out the step launched while it is
+    in flight, `rows_ahead`, and joins the next with the rows the host made meanwhile.)
+    Penalties, n-gram bans and grammars read every
     generated token: their rows run ahead only where the executor can queue a step's sampler
     after its forward (`late_sampling`: the sampling fields are made once the host has read
     the step before, while the forward runs: StepLauncher.complete). Whisper's timestamp
-    rules never run ahead. (It runs every step over the whole running batch: the beam rule
-    is checked once per group, the others only on the rows that read their history.)"""
-    groups = {r.beam for r in reqs}  # (groups hash by identity)
-    if any(g is not None and len(g.rows) == 1 for g in groups):
-        return False
+    rules never run ahead. (It runs every step over the whole running batch: the rules only
+    on the rows that read their history.)"""
     if not any(map(READS_HISTORY, reqs)):  # (a C loop: the usual case)
         return True
     history = [r for r in reqs if r.reads_history]
@@ -90,26 +88,28 @@ def rows_ahead(running: list[Req], prev: list[Req | None], page_size: int
     """The requests of a decode step launched before the step in flight (of requests `prev`,
     None for a row that samples no token: `ScheduleBatch.sampled`) is read (a beam group by
     its first row, as `running` holds it), and the new pages their rows need; None when some
-    running request cannot run so (it has several tokens to compute, or is a beam row the
-    step in flight did not run). Requests whose token in flight is their last are left
-    out."""
+    running request cannot run so (it has several tokens to compute). Requests whose token in
+    flight is their last are left out, and so is a beam group whose first step is in flight
+    (its rows are made when the host reads that step: it joins the step after, its rows'
+    tokens and scores from the host)."""
     in_prev = set(prev)  # (requests hash by identity)
     rows, pages = [], 0
     for r in running:  # (one pass, each attribute read once: every row, every step)
         beam = r.beam
         if beam is not None and beam.table_rows is not None:  # (a group, by its first row)
-            if r not in in_prev:
-                return None
-            if beam.steps + 1 < r.sampling_params.max_new_tokens:
+            # (its rows continue the step in flight, or join: made after its first step)
+            if beam.steps + (r in in_prev) < r.sampling_params.max_new_tokens:
                 rows.append(r)  # (lay_out makes its rows)
                 if r.kv_len == beam.npages * page_size:  # (its rows are all as long)
                     pages += len(beam.rows)
             continue
         done = len(r.output_ids)  # its generated tokens, the one in flight counted in
         if r in in_prev:
+            if beam is not None:  # (its first step is in flight: it sits this one out)
+                continue
             done += 1
-        elif r.beam is not None or r.seq_len - r.kv_len != 1:
-            return None  # (a beam row reads its running score from the step in flight)
+        elif r.seq_len - r.kv_len != 1:
+            return None
         if done < r.sampling_params.max_new_tokens:
             rows.append(r)
             if r.kv_len == len(r.kv_pages) * page_size:  # at a page boundary
@@ -125,7 +125,10 @@ class StepRows:
 
     reqs: list[Req]
     groups: list[BeamGroup]
-    prev_rows: list[int]  # each continuing row's row in the step in flight (the first rows)
+    # each of the first rows' row in the step in flight: the rows that continue it, and among
+    # the beam rows, -1 for those of a group joining with the host's tokens (`joining`)
+    prev_rows: list[int]
+    joining: bool = False
 
     @property
     def continuing(self) -> int:
@@ -134,7 +137,19 @@ class StepRows:
     @property
     def pending(self) -> list[int]:
         """Each row's tokens sampled on the device and not yet read by the host."""
+        if self.joining:
+            return [int(p >= 0) for p in self.prev_rows] + [0] * (len(self.reqs)
+                                                                   - self.continuing)
         return [1] * self.continuing + [0] * (len(self.reqs) - self.continuing)
+
+    def pending_of_groups(self) -> list[int]:
+        """Each beam group's tokens on the device not yet read: 1 where it continues the step
+        in flight, 0 where it joins."""
+        out, at = [], 0
+        for g in self.groups:
+            out.append(int(at < self.continuing and self.prev_rows[at] >= 0))
+            at += len(g.rows)
+        return out
 
 
 def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
@@ -160,9 +175,15 @@ def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     if not where:
         return StepRows(beam_rows + others, groups, [])
     fresh = [r for r in others if r not in where]
-    cont = beam_rows + [r for r in others if r in where]
-    assert all(map(where.__contains__, beam_rows)), "beam rows continue the step in flight"
-    return StepRows(cont + fresh, groups, [where[r] for r in cont])
+    cont = [r for r in others if r in where]
+    # a beam group's rows continue the step in flight, or all join (the group's first step,
+    # or its first with all its rows): -1, their tokens and scores from the host
+    beam_prev = [where.get(r, -1) for r in beam_rows]
+    joining = -1 in beam_prev
+    if joining and not cont and max(beam_prev) < 0:  # (nothing continues)
+        return StepRows(beam_rows + fresh, groups, [])
+    return StepRows(beam_rows + cont + fresh, groups, beam_prev + [where[r] for r in cont],
+                    joining)
 
 
 def _shape(g: BeamGroup) -> tuple[int, int]:
