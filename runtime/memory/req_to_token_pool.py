@@ -27,6 +27,7 @@ class ReqToTokenPool:
             (size + 1, max(max_encoder_len, 1)), dtype=torch.int32, device=device
         )
         self._free = list(range(size - 1, -1, -1))
+        self._free_set = set(self._free)  # (the double-free check without a walk of the list)
         self.log: DeviceLog | None = None  # tensor parallelism: the writes to replay elsewhere
 
     def write(self, table: str, row: int, values: torch.Tensor) -> None:
@@ -55,13 +56,20 @@ class ReqToTokenPool:
         return len(self._free)
 
     def alloc(self) -> int | None:
-        return self._free.pop() if self._free else None
+        if not self._free:
+            return None
+        idx = self._free.pop()
+        self._free_set.discard(idx)
+        return idx
 
     def free(self, idx: int) -> None:
-        assert idx not in self._free, f"request slot {idx} freed twice"
+        assert idx not in self._free_set, f"request slot {idx} freed twice"
         self._free.append(idx)
+        self._free_set.add(idx)
 
     def check(self, owned: list[int]) -> None:
+        if self._free_set != set(self._free) or len(self._free_set) != len(self._free):
+            raise AssertionError("request slots: the free list and its set differ")
         everything = sorted(self._free + owned)
         if everything != list(range(self.size)):
             raise AssertionError(

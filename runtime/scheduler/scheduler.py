@@ -662,16 +662,19 @@ class Scheduler:
             return []
         run_rows, run_toks, k = advance_group_arrays(live, values, flat_ids,
                                                      self.model_config.vocab_size, starts)
-        outputs, first_steps, moving = [], [], []
+        outputs, first_steps, moving, finished = [], [], [], set()
         for i, g in enumerate(live):
             if g.done:
                 outputs += self._finish_beams(g, now)
+                finished.add(g)
             elif len(g.rows) == 1:
                 n = int(k[i])
                 first_steps.append((g, list(zip(run_rows[i, :n].tolist(),
                                                 run_toks[i, :n].tolist()))))
             else:
                 moving.append(i)
+        if finished:  # (one pass over the running batch, however many groups finished)
+            self.running = [r for r in self.running if r.beam not in finished]
         if moving:
             self._follow_beams([live[i] for i in moving], run_rows[moving], run_toks[moving],
                                k[moving], np.array(first_rows)[moving],
@@ -713,9 +716,9 @@ class Scheduler:
             set_beam_grammars(groups[i], grammar)
 
     def _finish_beams(self, group: BeamGroup, now: float) -> list[TokenOutput]:
-        """A finished beam group: one output per result, best first."""
+        """A finished beam group: one output per result, best first. (The caller takes it out
+        of the running batch.)"""
         head = group.rows[0]
-        self.running = [r for r in self.running if r.beam is not group]
         kv_bytes = self._kv_bytes(head, group.peak_pages)
         results = group.results()  # (before the release: it reads the rows' books)
         self.memory.release_beams(group)
