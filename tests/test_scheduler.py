@@ -246,3 +246,37 @@ def test_request_ids_are_found_while_held_and_free_again_after(t5_dir, sources):
             run_to_completion(sched)
     assert len(sched.by_rid) < 1600 and sched.find("gone2599") is None
     sched.check_integrity()
+
+
+class _NoRemove(list):
+    """A running batch that fails if a request is taken out of it one at a time (a walk of
+    the batch per finished request: quadratic when a whole wave ends in one step)."""
+
+    def remove(self, item):
+        raise AssertionError("running.remove: a walk of the batch per finished request")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_wave_that_ends_together_leaves_the_running_batch_in_one_pass(t5_dir, sources,
+                                                                         overlap):
+    """Greedy requests and beam groups that all finish in one step leave `running` together,
+    with the results they would have one by one."""
+    sched = make_scheduler(t5_dir, disable_overlap_schedule=not overlap)
+    alone = {}
+    for i in range(12):
+        kw = {"num_beams": 2} if i % 3 == 0 else {}
+        sched.add_request(request(f"r{i}", sources[i % len(sources)], max_new_tokens=5,
+                                  ignore_eos=True, **kw))
+        one = make_scheduler(t5_dir)
+        one.add_request(request(f"r{i}", sources[i % len(sources)], max_new_tokens=5,
+                                ignore_eos=True, **kw))
+        alone.update(run_to_completion(one))
+    got, guarded = {}, 0
+    while sched.has_work:
+        if sched.running and not isinstance(sched.running, _NoRemove):
+            sched.running, guarded = _NoRemove(sched.running), guarded + 1
+        for o in sched.step():
+            got[o.rid] = o.new_token_ids
+        sched.check_integrity()
+    assert guarded and not sched.running
+    assert got == alone

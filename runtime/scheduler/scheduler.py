@@ -558,6 +558,7 @@ class Scheduler:
                 (taking if req.sampling_params.max_new_tokens else unsampled).append(i)
         allowed = accept_tokens(reqs, taking, ids)  # the grammar rows' tokens, all at once
         outputs += [self._finish_unsampled(reqs[i], now) for i in unsampled]
+        finished: set[Req] = set()
         for i in taking:
             req = reqs[i]
             token = ids[i]
@@ -582,8 +583,7 @@ class Scheduler:
                 req.finish_time = now
                 kv_bytes = self._kv_bytes(req, len(req.kv_pages))
                 self.memory.finish(req)
-                if req in self.running:
-                    self.running.remove(req)
+                finished.add(req)  # (out of the running batch below, all in one pass)
                 if not req.stream:  # everything at once
                     outputs.append(self._output(req, req.output_ids, req.output_logprobs or None,
                                                 req.output_top_logprobs or None))
@@ -596,6 +596,8 @@ class Scheduler:
                              req.cached_tokens, req.encoder_cache_hit)
             else:
                 outputs.append(self._output(req, [token], logprobs, top))
+        if finished:
+            self.running = [r for r in self.running if r not in finished]
         if batch.beam_groups:
             outputs += self._beam_steps(batch.beam_groups, result, now)
         return [streamed, *outputs] if streamed.rids else outputs
