@@ -11,28 +11,20 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import random
-import tempfile
+import sys
 import time
 from pathlib import Path
 
-from seq2serve.runtime.bench.shapes import SHAPES, write_shape
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.messages.io_struct import TokenizedRequest
 from seq2serve.runtime.scheduler.scheduler import Scheduler
 
-
-def tiny_bart() -> str:
-    path = Path(write_shape("bart-large-cnn", tempfile.mkdtemp()))
-    cfg = dict(SHAPES["bart-large-cnn"], d_model=16, encoder_layers=1, decoder_layers=1,
-               encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=16,
-               decoder_ffn_dim=16, vocab_size=512)
-    (path / "config.json").write_text(json.dumps(cfg))
-    return str(path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from beam_overlap_share import tiny_bart  # noqa: E402  (the same tiny BART)
 
 
 def measure(path: str, groups: int, beams: int, steps: int, churn: bool,
