@@ -30,7 +30,7 @@ from beam_overlap_share import tiny_bart  # noqa: E402  (the same tiny BART)
 def measure(path: str, groups: int, beams: int, steps: int, churn: bool,
             profile: bool) -> tuple[float, pstats.Stats | None, dict]:
     """Mean ms a scheduler step over `steps` steps after a warm-up; with `churn`, requests of
-    spread lengths, each finished one replaced at once (about groups / 52 a step)."""
+    40-63 tokens, each finished one replaced at once (about groups / 52 a step)."""
     sched = Scheduler(ServerArgs(model_path=path, device="cpu", dtype="float32",
                                  load_format="dummy", max_running_requests=groups * beams,
                                  context_length=512), ModelConfig.from_path(path), None)
@@ -47,7 +47,7 @@ def measure(path: str, groups: int, beams: int, steps: int, churn: bool,
         while churn and sched.running_rows + len(sched.waiting) * beams < groups * beams:
             add(rng.randrange(40, 64))
 
-    for i in range(groups):
+    for _ in range(groups):
         add(rng.randrange(40, 64) if churn else steps + 120)
     for _ in range(70):  # (churn: past the first requests' ends)
         sched.step()
