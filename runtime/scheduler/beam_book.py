@@ -124,18 +124,20 @@ class BeamBook:
         if moved.size:
             which = group_of[moved]  # each moved row's group
             dst, src_m = rows[moved], src[moved]
-            n = steps[which]
-            w = int(n.max())
-            keep = np.arange(w)[None, :] < n[:, None]
-            self.tokens[dst, :w] = np.where(keep, self.tokens[src_m, :w], self.tokens[dst, :w])
+            # (a row's columns past its group's steps are never read before this step or a
+            # later one writes them: the parents' whole rows up to the longest are copied)
+            w = int(steps[which].max())
+            self.tokens[dst, :w] = self.tokens[src_m, :w]
             full = (lengths // self.page_size)[which]
             pre = prefix[which]
             w = int(full.max())
             if w:
                 col = np.arange(w)[None, :]
                 shared = col < full[:, None]
-                own = shared & (col >= pre[:, None])  # the columns whose pages are counted
                 old, new = self.pages[dst, :w], self.pages[src_m, :w]
+                # the counted columns (past the radix-owned prefix) whose page changes: a
+                # row's first pages are mostly its parent's already (beams share their past)
+                own = shared & (col >= pre[:, None]) & (old != new)
                 np.add.at(self.refs, old[own], -1)
                 np.add.at(self.refs, new[own], 1)
                 self.pages[dst, :w] = np.where(shared, new, old)

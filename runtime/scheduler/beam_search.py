@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -135,8 +136,7 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
     num_beams)."""
     # (the groups' fixed columns, as at the step before while the groups are the same; per
     # group only what changes: its length, and its finished hypotheses)
-    k, keep, forced, max_new, es_true, never, lps = _RULES(groups)
-    heads = [g.rows[0] for g in groups]
+    k, keep, forced, max_new, es_true, never, lps, stops = _RULES(groups)
     if starts is None:
         starts = np.concatenate(([0], np.cumsum(keep)[:-1]))
     starts = np.asarray(starts, dtype=np.int64)
@@ -148,17 +148,14 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
     flat = np.asarray(flat_ids, dtype=np.int64)[idx]
     row, tok = flat // vocab, flat % vocab
 
-    n = np.array([len(h.output_ids) for h in heads], dtype=np.int64) + 1  # generated each
+    # generated each (a group in the beam book: its steps, which its rows' token views'
+    # lengths read; before its first step the head's list)
+    n = np.fromiter((g.steps if g.table_rows is not None else len(g.rows[0].output_ids)
+                     for g in groups), dtype=np.int64, count=len(groups)) + 1
     generated = n + forced  # as HF counts them (its forced first token included)
-    stop_sets = [g.stop_ids for g in groups]
-    unique = set(stop_sets)
-    if len(unique) == 1:
-        ends = np.isin(tok, np.array(sorted(next(iter(unique))), dtype=np.int64))
+    if stops.ndim == 1:  # (every group's stop ids the same: the usual case)
+        ends = np.isin(tok, stops)
     else:
-        s = max(1, max(len(x) for x in unique))
-        stops = np.full((len(groups), s), -1, dtype=np.int64)
-        for i, x in enumerate(stop_sets):
-            stops[i, :len(x)] = sorted(x)
         ends = (tok[:, :, None] == stops[:, None, :]).any(-1)
     ends |= (n >= max_new)[:, None]
     ends |= ~valid  # padding: after every real candidate, never chosen (keep >= num_beams)
@@ -172,8 +169,10 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
     # finished hypotheses: stopping candidates among the top num_beams, while they can still
     # matter
     top = ends[:, :kb] & (col[None, :kb] < k[:, None])
-    improvable = np.array([g.improvable for g in groups], dtype=bool)
-    full = np.array([len(g.hyps) for g in groups], dtype=np.int64) == k
+    improvable = np.fromiter(map(_IMPROVABLE, groups), dtype=bool, count=len(groups))
+    was_improvable = improvable.copy()
+    nhyps = np.fromiter((len(g.hyps) for g in groups), dtype=np.int64, count=len(groups))
+    full = nhyps == k
     for i in np.flatnonzero(top.any(1) & improvable & ~(full & es_true)).tolist():
         g, kk = groups[i], int(k[i])
         denom = np.float32(float(generated[i]) ** lps[i])
@@ -184,14 +183,21 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
                                      g.rows[rows_i[c]].output_ids + [toks_i[c]]))
         g.hyps.sort(key=lambda h: -h.score)
         del g.hyps[kk:]
+        nhyps[i] = len(g.hyps)
 
     # can a running beam still beat the worst finished one?
     # (Python's float power, as HF's: once per distinct (length, penalty) of the step)
-    pairs = list(zip(np.where(never, max_new + forced, generated).tolist(), lps))
-    powers = {p: float(p[0]) ** p[1] for p in set(pairs)}
-    best_den = np.array([powers[p] for p in pairs]).astype(np.float32)
+    lengths = np.where(never, max_new + forced, generated)
+    if len(set(lps)) == 1:  # (one length penalty: the usual case)
+        uniq, inv = np.unique(lengths, return_inverse=True)
+        best_den = np.array([float(x) ** lps[0] for x in uniq.tolist()])[inv]
+        best_den = best_den.astype(np.float32)
+    else:
+        pairs = list(zip(lengths.tolist(), lps))
+        powers = {p: float(p[0]) ** p[1] for p in set(pairs)}
+        best_den = np.array([powers[p] for p in pairs]).astype(np.float32)
     best = scores[:, 0] / best_den
-    full = np.array([len(g.hyps) for g in groups], dtype=np.int64) == k
+    full = nhyps == k
     worst = np.full(len(groups), _NEG, dtype=np.float32)
     for i in np.flatnonzero(full).tolist():
         worst[i] = groups[i].hyps[-1].score
@@ -199,18 +205,36 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
     open_beam = ~(full & es_true)
     done = ~(improvable & open_beam & ~ends.all(1))
 
-    for g, imp, d, sc, kk in zip(groups, improvable.tolist(), done.tolist(), scores.tolist(),
-                                 k.tolist()):
-        g.improvable, g.done, g.scores = imp, d, sc[:kk]
+    # (a group's flags change once or never: written where they do; its scores every step)
+    for i in np.flatnonzero(improvable != was_improvable).tolist():
+        groups[i].improvable = bool(improvable[i])
+    was_done = np.fromiter(map(_DONE, groups), dtype=bool, count=len(groups))
+    for i in np.flatnonzero(done != was_done).tolist():
+        groups[i].done = bool(done[i])
+    if (k == kb).all():  # (every group's num_beams the same: its row of scores whole)
+        for g, sc in zip(groups, scores.tolist()):
+            g.scores = sc
+    else:
+        for g, sc, kk in zip(groups, scores.tolist(), k.tolist()):
+            g.scores = sc[:kk]
     return np.take_along_axis(row, run, 1), np.take_along_axis(tok, run, 1), k
 
 
 def _rule_columns(groups: list[BeamGroup]) -> tuple:
-    """Each group's `rule` as columns, and its length penalty."""
+    """Each group's `rule` as columns, its length penalty, and its stop ids (one sorted
+    array when every group has the same, else [groups, most] padded with -1)."""
     k, keep, forced, max_new, es_true, never = np.array([g.rule for g in groups],
                                                         dtype=np.int64).reshape(-1, 6).T
     lps = [g.rows[0].sampling_params.length_penalty for g in groups]
-    return k, keep, forced, max_new, es_true.astype(bool), never.astype(bool), lps
+    unique = {g.stop_ids for g in groups}
+    if len(unique) == 1:
+        stops = np.array(sorted(next(iter(unique))), dtype=np.int64)
+    else:
+        stops = np.full((len(groups), max(1, max(map(len, unique)))), -1, dtype=np.int64)
+        for i, g in enumerate(groups):
+            stops[i, :len(g.stop_ids)] = sorted(g.stop_ids)
+    return (k, keep, forced, max_new, es_true.astype(bool), never.astype(bool), lps, stops)
 
 
+_IMPROVABLE, _DONE = attrgetter("improvable"), attrgetter("done")
 _RULES = GroupMemo(_rule_columns)  # (a group's rule is fixed for its life: no book version)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -68,6 +69,8 @@ from seq2serve.runtime.scheduler.step_plan import (
 )
 
 logger = logging.getLogger(__name__)
+# a beam group's candidates a step, its rows, whether its search has ended (C-loop getters)
+_KEEP, _ROWS, _DONE = attrgetter("keep"), attrgetter("rows"), attrgetter("done")
 
 
 def _sharing(args: ServerArgs) -> SharingRule:
@@ -650,37 +653,39 @@ class Scheduler:
         were moved on the device already (the same choices: checked), the host follows in its
         books, all together; groups at their first step get their rows here, together."""
         values, flat_ids = result.beam_candidates
-        live, starts, first_rows, start, row = [], [], [], 0, 0
-        for g in groups:
-            head = g.rows[0]
-            if not head.finished:
-                if head.first_token_time is None:
-                    head.first_token_time = now
-                live.append(g)
-                starts.append(start)
-                first_rows.append(row)
-            start, row = start + g.keep, row + len(g.rows)
-        if not live:
+        # (each group's candidates and rows in the step's order; C loops over the groups)
+        keeps = np.fromiter(map(_KEEP, groups), dtype=np.int64, count=len(groups))
+        sizes = np.fromiter(map(len, map(_ROWS, groups)), dtype=np.int64, count=len(groups))
+        ended = np.fromiter((g.rows[0].finished_reason is not None for g in groups),
+                            dtype=bool, count=len(groups))  # (aborted while in flight)
+        if ended.all():
             return []
+        live_at = np.flatnonzero(~ended)
+        live = groups if not ended.any() else [groups[i] for i in live_at.tolist()]
+        starts = (np.cumsum(keeps) - keeps)[live_at]
+        first_rows = (np.cumsum(sizes) - sizes)[live_at]
+        one_row = sizes[live_at] == 1  # (groups at their first step)
+        for i in np.flatnonzero(one_row).tolist():
+            if live[i].rows[0].first_token_time is None:
+                live[i].rows[0].first_token_time = now
         run_rows, run_toks, k = advance_group_arrays(live, values, flat_ids,
                                                      self.model_config.vocab_size, starts)
-        outputs, first_steps, moving, finished = [], [], [], set()
-        for i, g in enumerate(live):
-            if g.done:
-                outputs += self._finish_beams(g, now)
-                finished.add(g)
-            elif len(g.rows) == 1:
-                n = int(k[i])
-                first_steps.append((g, list(zip(run_rows[i, :n].tolist(),
-                                                run_toks[i, :n].tolist()))))
-            else:
-                moving.append(i)
+        done = np.fromiter(map(_DONE, live), dtype=bool, count=len(live))
+        outputs, first_steps, finished = [], [], set()
+        for i in np.flatnonzero(done).tolist():
+            outputs += self._finish_beams(live[i], now)
+            finished.add(live[i])
+        for i in np.flatnonzero(one_row & ~done).tolist():
+            n = int(k[i])
+            first_steps.append((live[i], list(zip(run_rows[i, :n].tolist(),
+                                                  run_toks[i, :n].tolist()))))
         if finished:  # (one pass over the running batch, however many groups finished)
             self.running = [r for r in self.running if r.beam not in finished]
-        if moving:
-            self._follow_beams([live[i] for i in moving], run_rows[moving], run_toks[moving],
-                               k[moving], np.array(first_rows)[moving],
-                               result.beam_parent_rows)
+        moving = np.flatnonzero(~one_row & ~done)
+        if moving.size:
+            movers = live if moving.size == len(live) else [live[i] for i in moving.tolist()]
+            self._follow_beams(movers, run_rows[moving], run_toks[moving], k[moving],
+                               first_rows[moving], result.beam_parent_rows)
         grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
         for (g, _), grammar in zip(first_steps, grammars):
