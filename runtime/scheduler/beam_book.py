@@ -40,6 +40,7 @@ class BeamBook:
         self.version = 0  # counts the groups that entered or left (GroupMemo)
         self._rows = GroupMemo(_row_columns, self)
         self._prompts = GroupMemo(_prompt_columns, self)
+        self._heads = GroupMemo(_head_columns, self)
 
     def _fit(self, pages: int = 0, tokens: int = 0) -> None:
         """Grow the arrays' columns (doubling) to hold `pages` pages and `tokens` tokens."""
@@ -88,6 +89,12 @@ class BeamBook:
         """Each group's decoder prompt length and radix-owned pages (fixed while it is in the
         book; the same arrays as the step before while the groups are the same)."""
         return self._prompts(groups)
+
+    def heads_of(self, groups: list[BeamGroup]) -> tuple[np.ndarray, bool]:
+        """Each group's encoder length, and whether any group reads cross ranges (fixed for
+        a request's life; the same arrays as the step before while the groups are the
+        same)."""
+        return self._heads(groups)
 
     def grow(self, groups: list[BeamGroup], new_pages: list[int]) -> None:
         """A page more for every row of `groups` (each at a page boundary), from `new_pages`
@@ -247,3 +254,9 @@ def _prompt_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, np.ndarray]:
     heads = [g.rows[0] for g in groups]
     return (np.array([len(h.decoder_input_ids) for h in heads], dtype=np.int64),
             np.array([h.prefix_pages for h in heads], dtype=np.int64))
+
+
+def _head_columns(groups: list[BeamGroup]) -> tuple[np.ndarray, bool]:
+    heads = [g.rows[0] for g in groups]
+    return (np.array([h.encoder_len for h in heads], dtype=np.int64),
+            any(h.cross_spans is not None for h in heads))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 import torch
 
@@ -13,6 +15,8 @@ from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookToken
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import Req
+
+_STEPS, _NPAGES = attrgetter("steps"), attrgetter("npages")  # (a beam group's, in C loops)
 
 
 class InputsNeeded(Exception):
@@ -209,23 +213,28 @@ class RequestMemory:
             row.output_ids = BookTokens(self.beam_book, row.req_pool_idx, group)
         return True
 
-    def alloc_beam_next(self, groups: list[BeamGroup]) -> np.ndarray | None:
+    def alloc_beam_next(self, groups: list[BeamGroup],
+                        lengths: np.ndarray | None = None) -> np.ndarray | None:
         """The slot of each beam row's next decoder position (the rows of `groups` in order,
-        every group in the beam book), a new page for each row of a group at a page boundary;
-        None (nothing allocated) when the pool is short."""
+        every group in the beam book; `lengths`: each group's rows' kv_len, if the caller has
+        them), a new page for each row of a group at a page boundary; None (nothing
+        allocated) when the pool is short."""
         ps = self.page_size
-        grow = [g for g in groups if g.rows[0].kv_len == g.npages * ps]
-        if grow:
-            new = self.token_to_kv.allocator.alloc(sum(len(g.rows) for g in grow))
+        if lengths is None:
+            lengths = np.fromiter((g.rows[0].kv_len for g in groups), dtype=np.int64,
+                                  count=len(groups))
+        sizes, rows, _ = self.beam_book.rows_of(groups)
+        npages = np.fromiter(map(_NPAGES, groups), dtype=np.int64, count=len(groups))
+        at_boundary = np.flatnonzero(lengths == npages * ps)
+        if at_boundary.size:
+            new = self.token_to_kv.allocator.alloc(int(sizes[at_boundary].sum()))
             if new is None:
                 return None
-            self.beam_book.grow(grow, new)
-        lengths = [g.rows[0].kv_len for g in groups]
-        sizes, rows, _ = self.beam_book.rows_of(groups)
-        slots = self.beam_book.slots(rows, np.repeat(np.array(lengths, dtype=np.int64), sizes))
-        for g, n in zip(groups, lengths):
+            self.beam_book.grow([groups[i] for i in at_boundary.tolist()], new)
+        slots = self.beam_book.slots(rows, np.repeat(lengths, sizes))
+        for g, n in zip(groups, (lengths + 1).tolist()):
             for r in g.rows:
-                r.kv_len = n + 1
+                r.kv_len = n
         return slots
 
     def follow_beams(self, groups: list[BeamGroup], parents: np.ndarray,
@@ -235,7 +244,8 @@ class RequestMemory:
         into that concatenation) with `tokens`. Pages no row holds any more are freed;
         nothing is allocated (BeamBook.follow)."""
         prompt, prefix = self.beam_book.prompts_of(groups)
-        steps = np.array([g.steps for g in groups], dtype=np.int64)  # (= len(output_ids))
+        steps = np.fromiter(map(_STEPS, groups), dtype=np.int64,
+                            count=len(groups))  # (= len(output_ids))
         freed = self.beam_book.follow(groups, parents, tokens, prompt + steps, prefix)
         if freed:
             self.token_to_kv.allocator.free(freed)

@@ -7,6 +7,7 @@ the tokens it will compute and lays the batch out for the worker (DecoderBatch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -17,6 +18,8 @@ from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.worker_batch import DecoderBatch, InputLogprobRows
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
+
+_STEPS = attrgetter("steps")  # (a beam group's generated tokens, in C loops)
 
 
 @dataclass
@@ -29,6 +32,7 @@ class ScheduleBatch:
     scored: list[tuple[Req, int]] = field(default_factory=list)
     # requests whose prompt this EXTEND computes only a chunk of: their sample is not a token
     prefilling: list[Req] = field(default_factory=list)
+    beam_rows: int = 0  # a decode step's first rows, its beam groups' (none takes a token alone)
 
     @property
     def batch_size(self) -> int:
@@ -160,7 +164,7 @@ def decode_batch(reqs: list[Req], memory: RequestMemory, sampling: SamplingBatch
         encoder_lens=encoder_lens,
         cross_group_lens=groups_col,
     ), sampling)
-    return ScheduleBatch(ForwardMode.DECODE, reqs, wb)
+    return ScheduleBatch(ForwardMode.DECODE, reqs, wb, beam_rows=lead + nb)
 
 
 def _beam_columns(groups: list, memory: RequestMemory) -> tuple:
@@ -169,24 +173,26 @@ def _beam_columns(groups: list, memory: RequestMemory) -> tuple:
     lengths, cross groups (the group's row count on its first row, 0 on the others: they
     read their group's cross K/V), table rows, and cross ranges (None without spans)."""
     book = memory.beam_book
-    heads = [g.rows[0] for g in groups]
     sizes, rows, group_of = book.rows_of(groups)
-    lengths = [h.kv_len for h in heads]  # (each row's position: before the slots move it)
-    at = np.array(lengths, dtype=np.int64)[group_of]
-    slots = memory.alloc_beam_next(groups)
+    enc, spanned = book.heads_of(groups)
+    # each group's position (before the slots move it) and generated tokens: a group's rows
+    # are all alike, its first row read
+    lengths = np.fromiter((g.rows[0].kv_len for g in groups), dtype=np.int64,
+                          count=len(groups))
+    steps = np.fromiter(map(_STEPS, groups), dtype=np.int64, count=len(groups))
+    slots = memory.alloc_beam_next(groups, lengths)
     assert slots is not None, "scheduler decoded a beam group the KV pool cannot hold"
-    steps = np.array([g.steps for g in groups], dtype=np.int64)[group_of]
-    ids = book.tokens[rows, steps - 1]
-    enc = np.array([h.encoder_len for h in heads], dtype=np.int64)[group_of]
+    ids = book.tokens[rows, steps[group_of] - 1]
     first = np.cumsum(sizes) - sizes
     cross_groups = np.zeros(len(rows), dtype=np.int64)
     cross_groups[first] = sizes
     spans = None
-    if any(h.cross_spans is not None for h in heads):
+    if spanned:
+        heads = [g.rows[0] for g in groups]
         ranges = [span_at(h.cross_spans, n) if h.cross_spans is not None
-                  else (0, h.encoder_len) for h, n in zip(heads, lengths)]
+                  else (0, h.encoder_len) for h, n in zip(heads, lengths.tolist())]
         spans = tuple(np.repeat(np.array(c, dtype=np.int64), sizes) for c in zip(*ranges))
-    return ids, at, slots, enc, cross_groups, rows, spans
+    return ids, lengths[group_of], slots, enc[group_of], cross_groups, rows, spans
 
 
 def _int64(values: list[int] | np.ndarray) -> torch.Tensor:

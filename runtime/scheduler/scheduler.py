@@ -556,7 +556,8 @@ class Scheduler:
         # flight, nor beam rows (they advance by group, below), nor a prompt's chunk before
         # its last, nor a request only scored (max_new_tokens 0: nothing is generated)
         reqs, taking, unsampled = batch.reqs, [], []
-        for i, req in enumerate(reqs):
+        for i in range(batch.beam_rows, len(reqs)):  # (a decode step's beam rows lead)
+            req = reqs[i]
             if not (req.beam is not None or req.finished or req in batch.prefilling):
                 (taking if req.sampling_params.max_new_tokens else unsampled).append(i)
         allowed = accept_tokens(reqs, taking, ids)  # the grammar rows' tokens, all at once
