@@ -16,10 +16,11 @@ import torch
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookTokens
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.step_launcher import StepLauncher
-from seq2serve.runtime.scheduler.step_plan import StepRows, lay_out, rows_ahead
+from seq2serve.runtime.scheduler.step_plan import StepRows, beam_order, lay_out, rows_ahead
 
 PS = 16
 
@@ -312,9 +313,19 @@ def test_lay_out_and_rows_ahead_match_reference(seed):
                 (r.beam.rows if r.beam is not None and id(r.beam) in booked else [r])], pages
 
     joined = 0
+    order = GroupMemo(beam_order)  # (the launcher's: kept while the same requests come)
+    beam_only = [r for r in laid if r.beam is not None]
     for prev in cases:
         a, b = lay_out(reqs, prev), reference_lay_out(reqs, prev)
         joined += a.joining
+        assert (a.reqs, a.groups, a.prev_rows, a.joining) == (b.reqs, b.groups, b.prev_rows,
+                                                              b.joining)
+        assert a.beam_rows == sum(len(g.rows) for g in b.groups)
+        kept = lay_out(reqs, prev, order)
+        assert (kept.reqs, kept.groups, kept.prev_rows, kept.joining, kept.beam_rows) == (
+            a.reqs, a.groups, a.prev_rows, a.joining, a.beam_rows)
+        # beam rows alone, as in the step before (the steady beam step)
+        a, b = lay_out(beam_only, beam_only, order), reference_lay_out(beam_only, beam_only)
         assert (a.reqs, a.groups, a.prev_rows, a.joining) == (b.reqs, b.groups, b.prev_rows,
                                                               b.joining)
         assert a.pending == [int(p >= 0) for p in b.prev_rows] + [0] * (len(b.reqs)

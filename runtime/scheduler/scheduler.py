@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not, itemgetter
 from typing import Protocol
 
 import numpy as np
@@ -56,7 +57,7 @@ from seq2serve.runtime.scheduler.grammar_rows import (
 )
 from seq2serve.runtime.scheduler.policy import FairPolicy
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
-from seq2serve.runtime.scheduler.req import FinishReason, Req
+from seq2serve.runtime.scheduler.req import READS_HISTORY, FinishReason, Req
 from seq2serve.runtime.scheduler.request_memory import InputsNeeded, RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch
 from seq2serve.runtime.scheduler.step_launcher import InFlight, StepLauncher
@@ -71,6 +72,7 @@ from seq2serve.runtime.scheduler.step_plan import (
 logger = logging.getLogger(__name__)
 # a beam group's candidates a step, its rows, whether its search has ended (C-loop getters)
 _KEEP, _ROWS, _DONE = attrgetter("keep"), attrgetter("rows"), attrgetter("done")
+_FIRST, _REASON = itemgetter(0), attrgetter("finished_reason")
 
 
 def _sharing(args: ServerArgs) -> SharingRule:
@@ -657,8 +659,9 @@ class Scheduler:
         # (each group's candidates and rows in the step's order; C loops over the groups)
         keeps = np.fromiter(map(_KEEP, groups), dtype=np.int64, count=len(groups))
         sizes = np.fromiter(map(len, map(_ROWS, groups)), dtype=np.int64, count=len(groups))
-        ended = np.fromiter((g.rows[0].finished_reason is not None for g in groups),
-                            dtype=bool, count=len(groups))  # (aborted while in flight)
+        heads = list(map(_FIRST, map(_ROWS, groups)))
+        ended = np.fromiter(map(is_not, map(_REASON, heads), repeat(None)), dtype=bool,
+                            count=len(groups))  # (aborted while the step was in flight)
         if ended.all():
             return []
         live_at = np.flatnonzero(~ended)
@@ -715,7 +718,10 @@ class Scheduler:
             raise AssertionError(f"beam request {g.rows[0].rid}: the device chose other "
                                  f"beams than the host's rules")
         offsets = np.repeat(np.cumsum(k) - k, k)  # (every group's rows: num_beams of them)
-        with_grammar = [i for i, g in enumerate(groups) if g.rows[0].grammar is not None]
+        # (a grammar row reads its history: a C loop finds none, the usual case)
+        heads = list(map(_FIRST, map(_ROWS, groups)))
+        with_grammar = ([i for i, h in enumerate(heads) if h.grammar is not None]
+                        if any(map(READS_HISTORY, heads)) else [])
         grammars = [beam_grammars(groups[i], list(zip(run_rows[i, :k[i]].tolist(),
                                                       run_toks[i, :k[i]].tolist())))
                     for i in with_grammar]

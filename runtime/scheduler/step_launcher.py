@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,13 +30,32 @@ from seq2serve.runtime.scheduler.group_memo import GroupMemo
 from seq2serve.runtime.scheduler.req import READS_HISTORY, Req
 from seq2serve.runtime.scheduler.request_memory import RequestMemory
 from seq2serve.runtime.scheduler.schedule_batch import ScheduleBatch, decode_batch
-from seq2serve.runtime.scheduler.step_plan import StepRows, lay_out, plain_greedy
+from seq2serve.runtime.scheduler.step_plan import (
+    StepRows,
+    beam_order,
+    lay_out,
+    plain_greedy,
+)
 
 if TYPE_CHECKING:
     from seq2serve.runtime.executor.worker_batch import DecoderBatch
 
 
 _OUTPUT_IDS = attrgetter("output_ids")
+_FIRST, _ROWS, _STEPS, _KV_LEN = (itemgetter(0), attrgetter("rows"), attrgetter("steps"),
+                                  attrgetter("kv_len"))
+
+
+def _buckets(groups: list[BeamGroup]) -> list[tuple[int, int, int]]:
+    """(groups, rows, keep) for each run of groups of one shape (rows, keep)."""
+    return [(len(list(run)), *shape)
+            for shape, run in groupby([(len(g.rows), g.keep) for g in groups])]
+
+
+def _reads_history(groups: list[BeamGroup]) -> bool:
+    """Whether any group's rows read their generated tokens (fixed for a group's life)."""
+    return any(map(READS_HISTORY, map(_FIRST, map(_ROWS, groups))))
+
 
 @dataclass
 class InFlight:
@@ -67,6 +86,9 @@ class StepLauncher:
         self.timestamp_tokens = timestamp_tokens  # Whisper's, for rows with timestamps
         self.late_steps = 0  # steps whose sampling was made after their launch (stats)
         self._moves_memo = GroupMemo(self._fixed_moves, memory.beam_book)
+        self._buckets_memo = GroupMemo(_buckets, memory.beam_book)
+        self._history_memo = GroupMemo(_reads_history, memory.beam_book)
+        self._order_memo = GroupMemo(beam_order, memory.beam_book)  # (of the requests)
         # the sampling columns of a batch's rows, while the same rows come again
         self.sampling_memo = SamplingMemo()
 
@@ -77,7 +99,8 @@ class StepLauncher:
         `prev` take its outputs on the device as their input; the others (fresh decode rows:
         one host token each) take theirs from the host. `chunk` (an EXTEND's request and the
         position its prefill stops at this step): `ScheduleBatch.extend`."""
-        rows = lay_out(reqs, prev.batch.sampled if prev is not None else None)
+        rows = lay_out(reqs, prev.batch.sampled if prev is not None else None,
+                       self._order_memo)
         assert mode is ForwardMode.DECODE or not rows.continuing, "no mixed forward yet"
         input_ids = order = None
         if rows.continuing:
@@ -95,7 +118,11 @@ class StepLauncher:
             # last one is still on the device, they are made once the host has read it
             # (`complete`), while the forward runs
             # (the rows with a token pending are the first `rows.continuing`)
-            late = any(map(READS_HISTORY, rows.reqs[:rows.continuing]))
+            # (a group's rows read as its first does: its groups checked by their first rows,
+            # kept while the groups are the same)
+            nb = rows.beam_rows
+            late = ((bool(rows.groups) and rows.continuing > 0 and self._history_memo(rows.groups))
+                    or any(map(READS_HISTORY, rows.reqs[nb:rows.continuing])))
             # a late step's sampling batch is made by `complete`; until then the launch needs
             # only its beam rows (whether the groups fit the CUDA graphs' cross grid)
             sampling = (None if late and beams is None
@@ -151,9 +178,7 @@ class StepLauncher:
         host's for groups that join), and, in a decode step, what the device needs to choose
         the beams of groups past their first step and move their pages (`BeamMoves`)."""
         groups = step.groups
-        # (groups, rows, keep) for each run of groups of one shape (rows, keep)
-        shapes = groupby([(len(g.rows), g.keep) for g in groups])
-        buckets = [(len(list(run)), *shape) for shape, run in shapes]
+        buckets = self._buckets_memo(groups)  # (groups, rows, keep) a run of one shape
         rows = sum(n * size for n, size, _ in buckets)
         pending: int | list[int] = 0
         scores = prev.pending.beam_running_scores if prev is not None else None
@@ -184,16 +209,20 @@ class StepLauncher:
         page split (the groups' fixed columns as at the step before, while they are the
         same: `_fixed_moves`)."""
         ps = self.memory.page_size
-        stop_ids, sizes, table_rows, starts, max_beams = self._moves_memo(groups)
+        stop_ids, sizes, table_rows, starts, max_beams, max_new = self._moves_memo(groups)
         # (host lists become tensors through numpy: a fraction of torch.tensor's time on them;
-        # a group's rows are in the beam book, all of one length)
-        heads = [g.rows[0] for g in groups]
-        pend = pending if isinstance(pending, list) else [pending] * len(groups)
-        all_end = np.array([len(h.output_ids) + p + 1 >= h.sampling_params.max_new_tokens
-                            for h, p in zip(heads, pend)], dtype=np.bool_)
-        # (a group's first step: no move)
-        ends = [h.kv_len + 1 if n > 1 else 0 for h, n in zip(heads, sizes)]
-        length = np.repeat(np.array(ends, dtype=np.int64), sizes)
+        # a group's rows are in the beam book, all of one length: its first row read, in C
+        # loops; one not in the book yet, at its first step, has the generated tokens of its
+        # one row's list)
+        heads = list(map(_FIRST, map(_ROWS, groups)))
+        n = len(groups)
+        done = np.fromiter(map(_STEPS, groups), dtype=np.int64, count=n)
+        one = np.flatnonzero(sizes == 1)
+        if one.size:
+            done[one] = [len(heads[i].output_ids) for i in one.tolist()]
+        all_end = done + np.asarray(pending, dtype=np.int64) + 1 >= max_new
+        kv = np.fromiter(map(_KV_LEN, heads), dtype=np.int64, count=n)
+        length = np.repeat(np.where(sizes > 1, kv + 1, 0), sizes)  # (a first step: no move)
         copy_len = length % ps  # positions written in the last page after this step
         rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
         copy_width = max(1, int(copy_len.max()))
@@ -219,8 +248,11 @@ class StepLauncher:
                                      else np.array([g.rows[0].req_pool_idx], dtype=np.int64)
                                      for g in groups])
         starts = torch.from_numpy(np.array([0] + sizes, dtype=np.int64).cumsum())
-        return (stop_ids.contiguous().to(self.device, non_blocking=True), sizes, table_rows,
-                starts.to(self.device, non_blocking=True), max(sizes))
+        max_new = np.array([g.rows[0].sampling_params.max_new_tokens for g in groups],
+                           dtype=np.int64)
+        return (stop_ids.contiguous().to(self.device, non_blocking=True),
+                np.array(sizes, dtype=np.int64), table_rows,
+                starts.to(self.device, non_blocking=True), max(sizes), max_new)
 
 
 def _generated(reqs: list[Req], groups: list[BeamGroup]) -> np.ndarray | None:

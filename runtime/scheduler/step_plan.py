@@ -129,6 +129,7 @@ class StepRows:
     # the beam rows, -1 for those of a group joining with the host's tokens (`joining`)
     prev_rows: list[int]
     joining: bool = False
+    beam_rows: int = 0  # the first rows, the beam groups'
 
     @property
     def continuing(self) -> int:
@@ -152,28 +153,28 @@ class StepRows:
         return out
 
 
-def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
+def lay_out(reqs: list[Req], prev: list[Req | None] | None, order=None) -> StepRows:
     """Order `reqs` for one forward; `prev`: the requests of the step in flight whose sampled
-    tokens are this step's inputs (None: every input is on the host)."""
-    groups = dict.fromkeys([r.beam for r in reqs])  # (groups hash by identity)
-    groups.pop(None, None)
-    groups = sorted(groups, key=_shape)  # stable: equal shapes keep order
-    beam_rows = [r for g in groups for r in g.rows]
-    others = [r for r in reqs if r.beam is None]
+    tokens are this step's inputs (None: every input is on the host). `order`: `beam_order`
+    or what keeps its value (the launcher's `GroupMemo` of it over the beam book: the same
+    while the same requests come again and no group has entered or left the book)."""
+    groups, beam_rows, others = (order or beam_order)(reqs)
     nb = len(beam_rows)
     if nb and prev and prev[:nb] == beam_rows:  # (the usual beam step: as in the step before;
         # rows compare by identity) the beam rows continue from the first rows, in order
+        if len(prev) == nb and not others:  # (beam rows alone: nothing else to place)
+            return StepRows(beam_rows, groups, list(range(nb)), beam_rows=nb)
         where = dict(zip(prev[nb:], range(nb, len(prev))))
         where.pop(None, None)
         fresh = [r for r in others if r not in where]
         cont = [r for r in others if r in where]
         return StepRows(beam_rows + cont + fresh, groups,
-                        list(range(nb)) + [where[r] for r in cont])
+                        list(range(nb)) + [where[r] for r in cont], beam_rows=nb)
     # each request's row in the step in flight (requests hash by identity)
     where = dict(zip(prev, range(len(prev)))) if prev else {}
     where.pop(None, None)  # (rows of the step in flight that sampled nothing)
     if not where:
-        return StepRows(beam_rows + others, groups, [])
+        return StepRows(beam_rows + others, groups, [], beam_rows=nb)
     fresh = [r for r in others if r not in where]
     cont = [r for r in others if r in where]
     # a beam group's rows continue the step in flight, or all join (the group's first step,
@@ -181,9 +182,18 @@ def lay_out(reqs: list[Req], prev: list[Req | None] | None) -> StepRows:
     beam_prev = [where.get(r, -1) for r in beam_rows]
     joining = -1 in beam_prev
     if joining and not cont and max(beam_prev) < 0:  # (nothing continues)
-        return StepRows(beam_rows + fresh, groups, [])
+        return StepRows(beam_rows + fresh, groups, [], beam_rows=nb)
     return StepRows(beam_rows + cont + fresh, groups, beam_prev + [where[r] for r in cont],
-                    joining)
+                    joining, beam_rows=nb)
+
+
+def beam_order(reqs: list[Req]) -> tuple[list[BeamGroup], list[Req], list[Req]]:
+    """The beam groups of `reqs` (by their first rows) in bucket order, their rows, and the
+    other requests."""
+    groups = dict.fromkeys([r.beam for r in reqs])  # (groups hash by identity)
+    groups.pop(None, None)
+    groups = sorted(groups, key=_shape)  # stable: equal shapes keep order
+    return groups, [r for g in groups for r in g.rows], [r for r in reqs if r.beam is None]
 
 
 def _shape(g: BeamGroup) -> tuple[int, int]:
