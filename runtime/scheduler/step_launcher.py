@@ -162,8 +162,11 @@ class StepLauncher:
         if late:  # (the grammar rows alone; their masks are filled by `complete`)
             marked = [i for i, r in enumerate(reqs) if r.grammar is not None]
             grammar = (marked, None) if marked else None
-        else:
-            grammar = grammar_masks(reqs, self.vocab_size)
+        else:  # (a group's rows read as its first does: checked by groups, kept)
+            nb = sum(map(len, map(_ROWS, groups)))
+            history = ((bool(groups) and self._history_memo(groups))
+                       or any(map(READS_HISTORY, reqs[nb:])))
+            grammar = grammar_masks(reqs, self.vocab_size) if history else None
         return SamplingBatch.from_reqs(reqs, self.vocab_size, self.eos_ids, self.device,
                                        pending=pending, beams=beams, forced_eos=self.forced_eos,
                                        begin_suppressed=self.begin_suppressed, grammar=grammar,
@@ -262,9 +265,13 @@ def _generated(reqs: list[Req], groups: list[BeamGroup]) -> np.ndarray | None:
     if not groups:
         return None
     assert reqs[0] is groups[0].rows[0], "the beam rows come first"
-    sizes = [len(g.rows) for g in groups]
-    beam = np.repeat(np.fromiter((len(g.rows[0].output_ids) for g in groups), dtype=np.int64,
-                                 count=len(groups)), sizes)
+    sizes = np.fromiter(map(len, map(_ROWS, groups)), dtype=np.int64, count=len(groups))
+    # (a group in the book: its steps, which its rows' token views' lengths read, in a C
+    # loop; one at its first step: its one row's list)
+    done = np.fromiter(map(_STEPS, groups), dtype=np.int64, count=len(groups))
+    for i in np.flatnonzero(sizes == 1).tolist():
+        done[i] = len(groups[i].rows[0].output_ids)
+    beam = np.repeat(done, sizes)
     rest = reqs[len(beam):]
     return np.concatenate([beam, np.fromiter(map(len, map(_OUTPUT_IDS, rest)),
                                              dtype=np.int64, count=len(rest))])
