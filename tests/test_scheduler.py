@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -280,3 +283,21 @@ def test_a_wave_that_ends_together_leaves_the_running_batch_in_one_pass(t5_dir, 
         sched.check_integrity()
     assert guarded and not sched.running
     assert got == alone
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_an_idle_scheduler_holds_no_finished_request(t5_dir, sources, overlap):
+    """What the per-step memos keep (a batch's rows, its beam groups, their columns) is let
+    go when nothing runs: finished greedy and beam requests are not held by the scheduler."""
+    sched = make_scheduler(t5_dir, disable_overlap_schedule=not overlap)
+    held = []
+    for i, kw in enumerate(({}, {"num_beams": 3}, {"num_beams": 2})):
+        sched.add_request(request(f"r{i}", sources[i], max_new_tokens=6, ignore_eos=True, **kw))
+    sched.step()  # (admitted: the requests are the scheduler's now)
+    held = [weakref.ref(r) for r in list(sched.running) + list(sched.waiting)]
+    assert len(held) == 3
+    run_to_completion(sched)
+    sched.step()  # (idle)
+    gc.collect()
+    alive = [w() for w in held if w() is not None]
+    assert not alive, [r.rid for r in alive]

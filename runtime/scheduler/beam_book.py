@@ -90,6 +90,11 @@ class BeamBook:
         book; the same arrays as the step before while the groups are the same)."""
         return self._prompts(groups)
 
+    def forget(self) -> None:
+        """Let go of the groups the memos keep (no group runs)."""
+        for memo in (self._rows, self._prompts, self._heads):
+            memo.clear()
+
     def heads_of(self, groups: list[BeamGroup]) -> tuple[np.ndarray, bool]:
         """Each group's encoder length, and whether any group reads cross ranges (fixed for
         a request's life; the same arrays as the step before while the groups are the

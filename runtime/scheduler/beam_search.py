@@ -238,3 +238,8 @@ def _rule_columns(groups: list[BeamGroup]) -> tuple:
 
 _IMPROVABLE, _DONE = attrgetter("improvable"), attrgetter("done")
 _RULES = GroupMemo(_rule_columns)  # (a group's rule is fixed for its life: no book version)
+
+
+def forget_rules() -> None:
+    """Let go of the groups the rule columns' memo keeps (no group runs)."""
+    _RULES.clear()

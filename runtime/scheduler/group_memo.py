@@ -21,3 +21,7 @@ class GroupMemo:
             self.groups, self.version = list(groups), version
             self.value = self.make(groups)
         return self.value
+
+    def clear(self) -> None:
+        """Let go of the groups and the value (nothing runs: they are not held)."""
+        self.groups, self.value, self.version = None, None, -1

@@ -46,7 +46,11 @@ from seq2serve.runtime.messages.io_struct import (
     token_outputs,
 )
 from seq2serve.runtime.messages.model_limits import ModelLimits
-from seq2serve.runtime.scheduler.beam_search import BeamGroup, advance_group_arrays
+from seq2serve.runtime.scheduler.beam_search import (
+    BeamGroup,
+    advance_group_arrays,
+    forget_rules,
+)
 from seq2serve.runtime.scheduler.grammar_compiles import GrammarCompiles
 from seq2serve.runtime.scheduler.grammar_rows import (
     DEAD_END,
@@ -365,7 +369,9 @@ class Scheduler:
         if self.running:
             return self._decode_step()
         outputs = self._flush()
-        self.launcher.sampling_memo.clear()  # (no batch: its rows are not held)
+        self.launcher.forget()  # (no batch: its rows and groups are not held)
+        self.memory.beam_book.forget()
+        forget_rules()
         if not outputs and self.args.debug_checks:
             self.check_integrity()
         return outputs

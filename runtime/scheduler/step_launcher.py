@@ -92,6 +92,13 @@ class StepLauncher:
         # the sampling columns of a batch's rows, while the same rows come again
         self.sampling_memo = SamplingMemo()
 
+    def forget(self) -> None:
+        """Let go of the rows and groups the memos keep (the scheduler has no batch)."""
+        self.sampling_memo.clear()
+        for memo in (self._moves_memo, self._buckets_memo, self._history_memo,
+                     self._order_memo):
+            memo.clear()
+
     def launch(self, mode: ForwardMode, reqs: list[Req], prev: InFlight | None = None,
                chunk: tuple[Req, int] | None = None) -> InFlight:
         """Build and launch a batch of `reqs`. With `prev` (the overlap schedule: the step in
