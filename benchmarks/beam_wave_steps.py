@@ -4,8 +4,8 @@ has an admission step (encoder cache, pools, encoder pass), a step where every g
 its first beam step (its rows spawned, its books entered) and a step where every group
 finishes (results, releases). A tiny random BART on the CPU, the scheduler stepped
 in-process over `--requests` requests; each step's wall time is filed under the kind of
-step it was. `--no-gc` runs with the cyclic collector off (what of the admission is the
-collector's).
+step it was. The heap is frozen after startup as the scheduler process freezes it;
+`--no-gc` runs with the cyclic collector off (what of the admission is the collector's).
 
     python benchmarks/beam_wave_steps.py --requests 1024 --beams 4 --rows 2048 --new-tokens 64
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import ServerArgs
+from seq2serve.runtime.memory.collector import freeze_heap
 from seq2serve.runtime.messages.io_struct import TokenizedRequest
 from seq2serve.runtime.scheduler.scheduler import Scheduler
 
@@ -42,6 +43,7 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int) -> dict[st
         sched.add_request(TokenizedRequest(
             rid=str(i), encoder_input_ids=[rng.randrange(3, 500) for _ in range(64)],
             decoder_input_ids=[2], sampling_params=SamplingParams.from_dict(sp), group="g"))
+    freeze_heap()  # (as the scheduler process does after startup: torch's objects frozen)
     kinds: dict[str, list] = collections.defaultdict(list)
     while sched.has_work:
         before = len(sched.running)
