@@ -2,12 +2,14 @@
 runs its requests in waves (all admitted together, all finishing together), and each wave
 has an admission step (encoder cache, pools, encoder pass), a step where every group takes
 its first beam step (its rows spawned, its books entered) and a step where every group
-finishes (results, releases). A tiny random BART on the CPU, the scheduler stepped
-in-process over `--requests` requests; each step's wall time is filed under the kind of
-step it was. The heap is frozen after startup as the scheduler process freezes it;
-`--no-gc` runs with the cyclic collector off (what of the admission is the collector's).
+finishes (results, releases). The scheduler stepped in-process over `--requests` requests
+(a tiny random BART on the CPU by default; `--shape opus-mt --device cuda` for a real shape
+with random bf16 weights); each step's wall time is filed under the kind of step it was, and
+the real time spent in a few named functions (`--phases`) beside it. The heap is frozen after
+startup as the scheduler process freezes it; `--no-gc` runs with the cyclic collector off.
 
     python benchmarks/beam_wave_steps.py --requests 1024 --beams 4 --rows 2048 --new-tokens 64
+    python3 benchmarks/beam_wave_steps.py --shape opus-mt --device cuda --requests 4096 --phases
 """
 
 from __future__ import annotations
@@ -17,34 +19,76 @@ import collections
 import gc
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from seq2serve.runtime.bench.shapes import write_shape
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.memory.collector import freeze_heap
 from seq2serve.runtime.messages.io_struct import TokenizedRequest
+from seq2serve.runtime.scheduler import request_memory, scheduler
 from seq2serve.runtime.scheduler.scheduler import Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from beam_overlap_share import tiny_bart  # noqa: E402  (the same tiny BART)
 
+# (owner, attribute, label): the functions whose real time `--phases` adds up
+PHASES = [
+    (request_memory.RequestMemory, "admit", "RequestMemory.admit"),
+    (request_memory.RequestMemory, "reorder_beams", "RequestMemory.reorder_beams"),
+    (request_memory.RequestMemory, "_first_step", "  of it _first_step"),
+    (scheduler.Scheduler, "_admit", "Scheduler._admit"),
+    (scheduler.Scheduler, "_extend", "Scheduler._extend"),
+    (scheduler.Scheduler, "_process", "Scheduler._process"),
+    (scheduler.Scheduler, "_beam_steps", "  of it _beam_steps"),
+    (scheduler.Scheduler, "_finish_beams", "  of it _finish_beams"),
+    (scheduler.Scheduler, "_launch", "Scheduler._launch"),
+]
 
-def step_kinds(requests: int, beams: int, rows: int, new_tokens: int) -> dict[str, list]:
+
+def time_phases() -> dict[str, list]:
+    """Wraps PHASES' functions with real-time timers: label -> [seconds, calls]."""
+    spent: dict[str, list] = {label: [0.0, 0] for _, _, label in PHASES}
+
+    def wrapped(fn, label):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label][0] += time.perf_counter() - start
+                spent[label][1] += 1
+        return timed
+
+    for owner, attr, label in PHASES:
+        setattr(owner, attr, wrapped(getattr(owner, attr), label))
+    return spent
+
+
+def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str | None,
+               device: str, sync) -> dict[str, list]:
     """Each kind of step ("admits", "first steps", "finishes", "steady") -> its wall times."""
-    path = tiny_bart()
-    sched = Scheduler(ServerArgs(model_path=path, device="cpu", dtype="float32",
+    if shape is None:
+        path, dtype, vocab, extra = tiny_bart(), "float32", 500, {}
+    else:
+        path, dtype, vocab = str(write_shape(shape, tempfile.mkdtemp())), "bfloat16", 32000
+        extra = {"cuda_graph_max_bs": rows, "mem_fraction": 0.9}
+    sched = Scheduler(ServerArgs(model_path=path, device=device, dtype=dtype,
                                  load_format="dummy", max_running_requests=rows,
-                                 context_length=256), ModelConfig.from_path(path), None)
+                                 context_length=256, **extra), ModelConfig.from_path(path), None)
     rng = random.Random(0)
     sp = {"max_new_tokens": new_tokens, "ignore_eos": True, "num_beams": beams}
     for i in range(requests):
         sched.add_request(TokenizedRequest(
-            rid=str(i), encoder_input_ids=[rng.randrange(3, 500) for _ in range(64)],
+            rid=str(i), encoder_input_ids=[rng.randrange(3, vocab) for _ in range(64)],
             decoder_input_ids=[2], sampling_params=SamplingParams.from_dict(sp), group="g"))
     freeze_heap()  # (as the scheduler process does after startup: torch's objects frozen)
     kinds: dict[str, list] = collections.defaultdict(list)
+    sync()
+    started = time.perf_counter()
     while sched.has_work:
         before = len(sched.running)
         firsts = sum(1 for r in sched.running if r.beam is not None and len(r.beam.rows) == 1)
@@ -56,6 +100,9 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int) -> dict[st
         kind = ("finishes" if finished else "admits" if admitted > 0
                 else "first steps" if firsts else "steady")
         kinds[kind].append(took)
+    sync()
+    kinds["(whole run)"] = [time.perf_counter() - started]
+    kinds["(device busy)"] = [sched.device_seconds]
     return kinds
 
 
@@ -65,15 +112,28 @@ def main() -> None:
     ap.add_argument("--beams", type=int, default=4)
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--shape", default=None, help="a bench shape (default: a tiny BART)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--phases", action="store_true")
     ap.add_argument("--no-gc", action="store_true")
     a = ap.parse_args()
     if a.no_gc:
         gc.disable()
-    kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens)
+    sync = lambda: None  # noqa: E731
+    if a.device == "cuda":
+        import torch
+        sync = torch.cuda.synchronize
+    spent = time_phases() if a.phases else {}
+    kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync)
     for kind, times in kinds.items():
         times = sorted(times)
-        print(f"{kind:12s} {len(times):4d} steps  {sum(times):6.2f} s  "
+        print(f"{kind:13s} {len(times):4d} steps  {sum(times):6.2f} s  "
               f"p50 {times[len(times) // 2] * 1e3:8.2f} ms  max {times[-1] * 1e3:8.2f} ms")
+    tokens = a.requests * a.new_tokens
+    print(f"{tokens / kinds['(whole run)'][0]:,.0f} tok/s of best hypotheses")
+    for label, (seconds, calls) in spent.items():
+        print(f"{label:30s} {seconds:7.3f} s  {calls:6d} calls  "
+              f"{seconds / max(calls, 1) * 1e6:9.1f} us a call")
 
 
 if __name__ == "__main__":
