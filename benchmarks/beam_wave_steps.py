@@ -27,7 +27,7 @@ from seq2serve.runtime.bench.shapes import write_shape
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import ServerArgs
-from seq2serve.runtime.memory.collector import freeze_heap
+from seq2serve.runtime.memory.collector import CollectorPauses, freeze_heap
 from seq2serve.runtime.messages.io_struct import TokenizedRequest
 from seq2serve.runtime.scheduler import request_memory, scheduler
 from seq2serve.runtime.scheduler.scheduler import Scheduler
@@ -69,8 +69,13 @@ def time_phases() -> dict[str, list]:
 
 
 def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str | None,
-               device: str, sync) -> dict[str, list]:
-    """Each kind of step ("admits", "first steps", "finishes", "steady") -> its wall times."""
+               device: str, sync, context_length: int | None = 256, arrive: int = 0,
+               freeze_first: bool = False) -> dict[str, list]:
+    """Each kind of step ("admits", "first steps", "finishes", "steady") -> its wall times.
+    `arrive`: requests are added `arrive` a step inside the timed loop (as the engine's
+    scheduler receives a call's requests in lists) instead of all before it;
+    `freeze_first`: the heap frozen before the requests are made (as in the engine's
+    scheduler process, whose requests come after its startup freeze)."""
     if shape is None:
         path, dtype, vocab, extra = tiny_bart(), "float32", 500, {}
     else:
@@ -78,18 +83,27 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str
         extra = {"cuda_graph_max_bs": rows, "mem_fraction": 0.9}
     sched = Scheduler(ServerArgs(model_path=path, device=device, dtype=dtype,
                                  load_format="dummy", max_running_requests=rows,
-                                 context_length=256, **extra), ModelConfig.from_path(path), None)
+                                 context_length=context_length, **extra),
+                      ModelConfig.from_path(path), None)
     rng = random.Random(0)
     sp = {"max_new_tokens": new_tokens, "ignore_eos": True, "num_beams": beams}
-    for i in range(requests):
-        sched.add_request(TokenizedRequest(
-            rid=str(i), encoder_input_ids=[rng.randrange(3, vocab) for _ in range(64)],
-            decoder_input_ids=[2], sampling_params=SamplingParams.from_dict(sp), group="g"))
-    freeze_heap()  # (as the scheduler process does after startup: torch's objects frozen)
+    if freeze_first:
+        freeze_heap()
+    pending = [TokenizedRequest(
+        rid=str(i), encoder_input_ids=[rng.randrange(3, vocab) for _ in range(64)],
+        decoder_input_ids=[2], sampling_params=SamplingParams.from_dict(sp), group="g")
+        for i in range(requests)]
+    pending.reverse()
+    while pending and not arrive:
+        sched.add_request(pending.pop())
+    if not freeze_first:
+        freeze_heap()  # (as the scheduler process does after startup: torch's objects frozen)
     kinds: dict[str, list] = collections.defaultdict(list)
     sync()
     started = time.perf_counter()
-    while sched.has_work:
+    while sched.has_work or pending:
+        for _ in range(min(arrive, len(pending))):
+            sched.add_request(pending.pop())
         before = len(sched.running)
         firsts = sum(1 for r in sched.running if r.beam is not None and len(r.beam.rows) == 1)
         start = time.perf_counter()
@@ -115,6 +129,9 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="a bench shape (default: a tiny BART)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--context-length", type=int, default=256, help="0: the model's")
+    ap.add_argument("--arrive", type=int, default=0, help="requests added a step (0: all first)")
+    ap.add_argument("--freeze-first", action="store_true")
     ap.add_argument("--no-gc", action="store_true")
     a = ap.parse_args()
     if a.no_gc:
@@ -124,13 +141,16 @@ def main() -> None:
         import torch
         sync = torch.cuda.synchronize
     spent = time_phases() if a.phases else {}
-    kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync)
+    pauses = CollectorPauses()
+    kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync,
+                       a.context_length or None, a.arrive, a.freeze_first)
     for kind, times in kinds.items():
         times = sorted(times)
         print(f"{kind:13s} {len(times):4d} steps  {sum(times):6.2f} s  "
               f"p50 {times[len(times) // 2] * 1e3:8.2f} ms  max {times[-1] * 1e3:8.2f} ms")
     tokens = a.requests * a.new_tokens
-    print(f"{tokens / kinds['(whole run)'][0]:,.0f} tok/s of best hypotheses")
+    print(f"{tokens / kinds['(whole run)'][0]:,.0f} tok/s of best hypotheses; collector "
+          f"(gen 0 / 1 / 2): {pauses.stats()['gc_pause_total_ms']} ms")
     for label, (seconds, calls) in spent.items():
         print(f"{label:30s} {seconds:7.3f} s  {calls:6d} calls  "
               f"{seconds / max(calls, 1) * 1e6:9.1f} us a call")
