@@ -100,6 +100,7 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str
         freeze_heap()  # (as the scheduler process does after startup: torch's objects frozen)
     kinds: dict[str, list] = collections.defaultdict(list)
     sync()
+    pauses = CollectorPauses()  # (the run's own passes: the freeze's full pass before it)
     started = time.perf_counter()
     while sched.has_work or pending:
         for _ in range(min(arrive, len(pending))):
@@ -117,6 +118,8 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str
     sync()
     kinds["(whole run)"] = [time.perf_counter() - started]
     kinds["(device busy)"] = [sched.device_seconds]
+    kinds["(collector)"] = [t / 1e3 for t in pauses.stats()["gc_pause_total_ms"]]
+    pauses.close()
     return kinds
 
 
@@ -133,7 +136,10 @@ def main() -> None:
     ap.add_argument("--arrive", type=int, default=0, help="requests added a step (0: all first)")
     ap.add_argument("--freeze-first", action="store_true")
     ap.add_argument("--no-gc", action="store_true")
+    ap.add_argument("--gc-threshold", default="", help="gc.set_threshold's, e.g. 50000,20,100")
     a = ap.parse_args()
+    if a.gc_threshold:
+        gc.set_threshold(*map(int, a.gc_threshold.split(",")))
     if a.no_gc:
         gc.disable()
     sync = lambda: None  # noqa: E731
@@ -141,16 +147,17 @@ def main() -> None:
         import torch
         sync = torch.cuda.synchronize
     spent = time_phases() if a.phases else {}
-    pauses = CollectorPauses()
     kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync,
                        a.context_length or None, a.arrive, a.freeze_first)
     for kind, times in kinds.items():
+        if kind == "(collector)":
+            continue
         times = sorted(times)
         print(f"{kind:13s} {len(times):4d} steps  {sum(times):6.2f} s  "
               f"p50 {times[len(times) // 2] * 1e3:8.2f} ms  max {times[-1] * 1e3:8.2f} ms")
     tokens = a.requests * a.new_tokens
-    print(f"{tokens / kinds['(whole run)'][0]:,.0f} tok/s of best hypotheses; collector "
-          f"(gen 0 / 1 / 2): {pauses.stats()['gc_pause_total_ms']} ms")
+    print(f"{tokens / kinds['(whole run)'][0]:,.0f} tok/s of best hypotheses; the collector's "
+          f"pauses (gen 0 / 1 / 2): {[round(t * 1e3) for t in kinds['(collector)']]} ms")
     for label, (seconds, calls) in spent.items():
         print(f"{label:30s} {seconds:7.3f} s  {calls:6d} calls  "
               f"{seconds / max(calls, 1) * 1e6:9.1f} us a call")
