@@ -1,9 +1,15 @@
-"""The collector's pauses are counted per generation, and a frozen heap leaves full passes
-only what was allocated since (runtime/memory/collector.py)."""
+"""The collector's pauses are counted per generation, a frozen heap leaves full passes only
+what was allocated since, and the scheduler's full passes run when due rather than by the
+allocation count, which finished requests do not need (runtime/memory/collector.py)."""
 
 import gc
+import weakref
 
-from seq2serve.runtime.memory.collector import CollectorPauses, freeze_heap
+import pytest
+
+from seq2serve.runtime.config.tokenizer import load_tokenizer
+from seq2serve.runtime.memory.collector import IDLE_GAP_S, CollectorPauses, FullPasses, freeze_heap
+from seq2serve.tests.helpers import SOURCES, make_scheduler, request, run_to_completion
 
 
 def test_pauses_counted_per_generation():
@@ -31,3 +37,66 @@ def test_freeze_moves_survivors_out_of_full_passes():
         assert not any(gc.is_tracked(x) and x in gc.get_objects(2) for x in kept[:1])
     finally:
         gc.unfreeze()
+
+
+def test_full_passes_off_the_allocation_count_until_due():
+    """`FullPasses`: no full pass by Python's trigger; one when idle (with promotions since
+    the last), or when the interval passed under load; thresholds restored on close."""
+    now = [0.0]
+    saved = gc.get_threshold()
+    passes = FullPasses(60.0, clock=lambda: now[0])
+    try:
+        assert gc.get_threshold()[:2] == saved[:2] and gc.get_threshold()[2] > 10**9
+        now[0] = 1.0
+        gc.collect(1)  # (a young pass: the oldest generation's count > 0)
+        assert not passes.maybe(idle=True)  # within IDLE_GAP_S of the last
+        now[0] = IDLE_GAP_S + 1
+        assert not passes.maybe(idle=False)  # busy, the interval not passed
+        assert passes.maybe(idle=True) and passes.runs == 1
+        assert gc.get_count()[2] == 0
+        now[0] += 2 * IDLE_GAP_S
+        assert not passes.maybe(idle=True)  # idle, but nothing promoted since
+        now[0] += 60.0
+        assert passes.maybe(idle=False) and passes.stats() == {"gc_scheduled_full_passes": 2}
+    finally:
+        passes.close()
+    assert gc.get_threshold() == saved
+
+
+def test_interval_zero_leaves_python_trigger():
+    saved = gc.get_threshold()
+    passes = FullPasses(0.0, clock=lambda: 1e9)
+    assert gc.get_threshold() == saved
+    gc.collect(1)
+    assert not passes.maybe(idle=True) and not passes.maybe(idle=False)
+    passes.close()
+    assert gc.get_threshold() == saved
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_finished_requests_freed_without_the_collector(t5_dir, overlap):
+    """What `FullPasses` relies on: greedy and beam requests leave no reference cycles, so
+    reference counts free them when they finish, with no full pass."""
+    tok = load_tokenizer(t5_dir)
+    sources = [tok(s).input_ids for s in SOURCES]
+    sched = make_scheduler(t5_dir, disable_overlap_schedule=not overlap)
+    gc.collect()
+    gc.disable()
+    try:
+        for i, kw in enumerate(({"ignore_eos": True}, {"num_beams": 3, "ignore_eos": True},
+                                {"num_beams": 2, "min_new_tokens": 2},
+                                {"num_beams": 2, "ignore_eos": True})):
+            sched.add_request(request(f"r{i}", sources[i], max_new_tokens=6, **kw))
+        sched.step()
+        held = [weakref.ref(r) for r in list(sched.running) + list(sched.waiting)]
+        held += [weakref.ref(r.beam) for r in sched.running if r.beam is not None]
+        assert len(held) == 7
+        sched.step()
+        sched.step()
+        assert sched.abort_request("r3") is not None  # (a beam request aborted mid-way)
+        run_to_completion(sched)
+        sched.step()  # (idle: the memos let go)
+        alive = [w() for w in held if w() is not None]
+        assert not alive, [getattr(r, "rid", r) for r in alive]
+    finally:
+        gc.enable()

@@ -183,7 +183,9 @@ def _gc(r: dict) -> str:
     """The scheduler's collector pauses in the run, where reported."""
     if not r.get("gc_pause_ms"):
         return ""
-    return f", collector pauses {sum(r['gc_pause_ms']):.0f} ms"
+    idle = r.get("gc_scheduled_full_passes", 0)
+    return (f", collector pauses {sum(r['gc_pause_ms']):.0f} ms"
+            + (f" ({idle} full pass{'es' if idle > 1 else ''} on going idle)" if idle else ""))
 
 
 def _offline(args) -> dict:

@@ -64,6 +64,7 @@ class ServerArgs:
     max_encoder_len: int | None = None  # longest encoder input (unset: the model's, else 2048)
     random_seed: int = 0  # seeds weights of --load-format dummy and unseeded sampling
     debug_checks: bool = False  # check pool integrity whenever the scheduler goes idle
+    gc_full_pass_interval: float = 600.0  # full GC passes: when idle, else every N s (0: Python's)
     disable_cuda_graph: bool = False  # run decode steps eagerly instead of replaying CUDA graphs
     disable_overlap_schedule: bool = False  # stop preparing step N+1 on the host while N runs
     cuda_graph_max_bs: int = 512  # largest decode batch captured (at most max_running_requests)
@@ -175,7 +176,8 @@ class ServerArgs:
         k = self.cache_public_min_users
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
             raise ValueError(f"cache_public_min_users must be an integer in [1, 64], got {k!r}")
-        for name, least in (("cache_window_seconds", 1e-9), ("host_cache_gb", 0.0)):
+        for name, least in (("cache_window_seconds", 1e-9), ("host_cache_gb", 0.0),
+                            ("gc_full_pass_interval", 0.0)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be a {'positive' if least else 'non-negative'} "

@@ -180,6 +180,11 @@ class Scheduler:
                                      begin_suppressed=model_config.begin_suppressed_token_ids,
                                      timestamp_tokens=model_config.timestamp_tokens)
         self.notices: list[TokenOutput] = []  # requests refused at admission
+        # beam groups that ended (finished or aborted) this step and the one before: their
+        # rows and they refer to each other, a cycle that reference counts cannot free, so a
+        # group lets go of its rows once no step in flight holds them (`_unlink_ended`)
+        self.ending: list[BeamGroup] = []
+        self.ended: list[BeamGroup] = []
         self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_ids,
                                  args.grammar_backend)
         self.compiles = GrammarCompiles(self.grammars)  # requests whose grammar compiles
@@ -284,6 +289,7 @@ class Scheduler:
         req.finished_reason = FinishReason("abort", message="aborted by the client")
         if req.beam is not None:
             self.memory.release_beams(req.beam)
+            self.ending.append(req.beam)
             self.notices += [TokenOutput(rid=other, new_token_ids=[],
                                          finished_reason=req.finished_reason.to_json())
                              for other in (req.beam_rids or [req.rid])[1:]]
@@ -369,6 +375,7 @@ class Scheduler:
         if self.running:
             return self._decode_step()
         outputs = self._flush()
+        self._unlink_ended(idle=True)
         self.launcher.forget()  # (no batch: its rows and groups are not held)
         self.memory.beam_book.forget()
         forget_rules()
@@ -612,7 +619,16 @@ class Scheduler:
             self.running = [r for r in self.running if r not in finished]
         if batch.beam_groups:
             outputs += self._beam_steps(batch.beam_groups, result, now)
+        self._unlink_ended()
         return [streamed, *outputs] if streamed.rids else outputs
+
+    def _unlink_ended(self, idle: bool = False) -> None:
+        """The groups that ended before the step just processed was launched: no batch holds
+        them now (a step in flight was launched after they left `running`), so they let go of
+        their rows and reference counts free both. `idle`: nothing in flight, all of them."""
+        for g in self.ended + (self.ending if idle else []):
+            g.rows = []
+        self.ended, self.ending = ([], []) if idle else (self.ending, [])
 
     def _forced_last(self, req: Req, token: int) -> bool:
         """The model's forced EOS as a request's last token (max_new_tokens): it overrides the
@@ -755,6 +771,7 @@ class Scheduler:
             out.extra.update(beam_score=hyp.score, kv_bytes=kv_bytes)
             outputs.append(out)
         head.finished_reason = FinishReason(**outputs[0].finished_reason)
+        self.ending.append(group)
         return outputs
 
     def _kv_bytes(self, req: Req, pages: int) -> int:

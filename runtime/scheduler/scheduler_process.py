@@ -14,7 +14,7 @@ import zmq
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.tokenizer import load_tokenizer
-from seq2serve.runtime.memory.collector import CollectorPauses, freeze_heap
+from seq2serve.runtime.memory.collector import CollectorPauses, FullPasses, freeze_heap
 from seq2serve.runtime.memory.host_memory import PeriodicTrim
 from seq2serve.runtime.messages.io_struct import (
     AbortRequest,
@@ -88,6 +88,8 @@ class SchedulerLoop:
         self.poller.register(self.recv, zmq.POLLIN)
         self.trim = PeriodicTrim() if scheduler.device == "cpu" else None
         self.gc_pauses = CollectorPauses()
+        # full collections off the allocation count: when idle, else every interval
+        self.full_passes = FullPasses(scheduler.args.gc_full_pass_interval)
 
     def run(self) -> None:
         busy = False
@@ -95,6 +97,7 @@ class SchedulerLoop:
             if busy and not self.scheduler.has_work and self.trim is not None:
                 self.trim.maybe(_IDLE_TRIM_S)  # just went idle
             busy = self.scheduler.has_work
+            self.full_passes.maybe(idle=not busy)
             timeout = 0 if busy else _IDLE_POLL_MS
             if not self.poller.poll(timeout) and not self.scheduler.has_work:
                 if not parent_alive(self.parent_pid):
@@ -140,7 +143,8 @@ class SchedulerLoop:
             if msg.kind == "stats":
                 return ControlReply(msg.kind, msg.tag, True, {**s.stats(), **s.worker.layout(),
                                                               **s.worker.host_caches(),
-                                                              **self.gc_pauses.stats()})
+                                                              **self.gc_pauses.stats(),
+                                                              **self.full_passes.stats()})
             if msg.kind == "flush_cache":
                 return ControlReply(msg.kind, msg.tag, s.flush_cache())
         except AssertionError as e:
