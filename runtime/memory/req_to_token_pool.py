@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from seq2serve.runtime.memory.device_log import DeviceLog
@@ -36,6 +37,22 @@ class ReqToTokenPool:
             self.log.record("req_to_token", "write", table, row, values)
         t = getattr(self, table)
         t[row, : values.numel()] = values.to(t.device)
+
+    def write_rows(self, table: str, rows: list[int], values: list[torch.Tensor]) -> None:
+        """`write(table, rows[i], values[i])` for every i, as one copy to the device and one
+        indexed write (a step's admissions: one each was a copy and a kernel a request)."""
+        if not rows:
+            return
+        if self.log is not None:
+            self.log.record("req_to_token", "write_rows", table, rows, values)
+        t = getattr(self, table)
+        lengths = np.fromiter(map(torch.Tensor.numel, values), dtype=np.int64, count=len(rows))
+        starts = np.cumsum(lengths) - lengths
+        cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+        # (row, column, value) of every entry, one host tensor: one copy to the device
+        packed = torch.stack([torch.from_numpy(np.repeat(np.asarray(rows), lengths)),
+                              torch.from_numpy(cols), torch.cat(values).long()]).to(t.device)
+        t[packed[0], packed[1]] = packed[2].to(t.dtype)
 
     def copy_rows(self, table: str, src: list[int], dst: list[int]) -> None:
         """Rows `src` of `table` copied to rows `dst` (the gather copies before the scatter)."""

@@ -48,6 +48,9 @@ class RequestMemory:
         self.evict_ahead_pages = max(1, token_to_kv.allocator.num_pages // 64)
         self.beam_book = BeamBook(req_to_token.size, token_to_kv.allocator.num_pages,
                                   self.page_size)
+        # admissions' table rows (a cached prefix's slots, the cross K/V's), written to the
+        # device together by `flush_writes` before anything reads them: table -> rows, values
+        self.pending: dict[str, tuple[list[int], list[torch.Tensor]]] = {}
 
     # --- sizes -------------------------------------------------------------------------------
     def pages_to_grow(self, req: Req, new_len: int) -> int:
@@ -94,11 +97,10 @@ class RequestMemory:
         req.kv_len = req.cached_tokens = len(pages) * self.page_size
         req.cached_public_tokens = match.public_pages * self.page_size
         if req.kv_len:  # the prefix's slots, for attention
-            self.req_to_token.write("req_to_token", req.req_pool_idx,
-                                    self.token_to_kv.slots(pages, 0, req.kv_len))
-        if req.cross_entries:
-            loc = torch.cat([e.handle.loc for e in req.cross_entries])
-            self.req_to_token.write("req_to_cross", req.req_pool_idx, loc)
+            self._write("req_to_token", req.req_pool_idx,
+                        self.token_to_kv.slots(pages, 0, req.kv_len))
+        for e in req.cross_entries:
+            self._write("req_to_cross", req.req_pool_idx, e.handle.loc)
         if fresh:
             req.encoder_cache_hit = bool(req.segments) and all(
                 j.work is not EncodeWork.ENCODE for j in jobs)
@@ -106,6 +108,21 @@ class RequestMemory:
             req.beam.spare_rows = [self.req_to_token.alloc()
                                    for _ in range(req.sampling_params.num_beams - 1)]
         return jobs
+
+    def _write(self, table: str, row: int, values: torch.Tensor) -> None:
+        """Queue a table write (a row's values in order: several for one row continue it)."""
+        rows, vals = self.pending.setdefault(table, ([], []))
+        if rows and rows[-1] == row:  # (a request's next cross entry: after the one before)
+            vals[-1] = torch.cat([vals[-1], values])
+        else:
+            rows.append(row)
+            vals.append(values)
+
+    def flush_writes(self) -> None:
+        """The queued admissions' table writes, on the device now (one per table)."""
+        for table, (rows, values) in self.pending.items():
+            self.req_to_token.write_rows(table, rows, values)
+        self.pending.clear()
 
     def _acquire_cross(self, req: Req) -> list[EncoderJob] | None:
         """Raises InputsNeeded (nothing held) if an input whose data is gone must be encoded."""
@@ -301,6 +318,8 @@ class RequestMemory:
     # --- integrity ---------------------------------------------------------------------------
     def check(self, live: list[Req]) -> None:
         """Raise AssertionError unless free + cached + owned by `live` = total, in every pool."""
+        if self.pending:
+            raise AssertionError(f"table writes queued but not made: {sorted(self.pending)}")
         rows, owned, groups = [], [], {}
         for r in live:
             if r.beam is not None:

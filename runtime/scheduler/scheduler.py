@@ -498,6 +498,7 @@ class Scheduler:
             rows += req.sampling_params.num_beams
             if cut and budget < 0:  # (prefilled in chunks from this step on: the last)
                 break
+        self.memory.flush_writes()  # (their table rows, all at once)
         return admitted, jobs
 
     def _make_room_for_decode(self) -> None:
