@@ -100,3 +100,42 @@ def test_finished_requests_freed_without_the_collector(t5_dir, overlap):
         assert not alive, [getattr(r, "rid", r) for r in alive]
     finally:
         gc.enable()
+
+
+KINDS = {  # request kinds whose paths hold more per request: each must leave no cycle
+    "stop strings and logprobs": {"stop": ["the"]},
+    "penalties and n-gram bans": {"repetition_penalty": 1.3, "presence_penalty": 0.5,
+                                  "no_repeat_ngram_size": 2},
+    "regex grammar": {"regex": "[a-z ]{1,12}"},
+    "beams with penalties and bans": {"num_beams": 2, "repetition_penalty": 1.2,
+                                      "no_repeat_ngram_size": 2, "length_penalty": 0.5},
+    "sampled": {"temperature": 0.8, "seed": 3},
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_other_request_kinds_freed_without_the_collector(t5_dir, kind):
+    tok = load_tokenizer(t5_dir)
+    sched = make_scheduler(t5_dir)
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(2):
+            tr = request(f"r{i}", tok(SOURCES[i]).input_ids, max_new_tokens=5, **KINDS[kind])
+            if "stop" in KINDS[kind]:
+                tr.return_logprob, tr.top_logprobs_num = True, 2
+            sched.add_request(tr)
+        held = []
+        for _ in range(200):  # (a grammar compiles off the step: wait for it to be queued)
+            sched.step()
+            held += [weakref.ref(r) for r in list(sched.running) + list(sched.waiting)
+                     if all(w() is not r for w in held)]
+            if not sched.has_work:
+                break
+        assert held, "the requests ran"
+        for _ in range(3):
+            sched.step()  # (idle)
+        alive = [w() for w in held if w() is not None]
+        assert not alive, [getattr(r, "rid", r) for r in alive]
+    finally:
+        gc.enable()
