@@ -71,6 +71,21 @@ def test_against_torch(dtype, vocab, block, suppress):
     assert torch.equal(best, ref_all.argmax(-1))
 
 
+def test_strided_logits_as_contiguous():
+    """A padded LM head's logits come as a view whose rows are wider than the vocabulary
+    (`TritonOps.logits`): the candidates are those of the same logits made contiguous."""
+    gen = torch.Generator().manual_seed(next(_seeds))
+    rows, vocab = sum(g * r for g, r, _ in BUCKETS), 1003
+    wide = _distinct_logits(rows, vocab + 61, torch.bfloat16, gen)
+    view = wide[:, :vocab]
+    assert not view.is_contiguous() and view.stride() == (vocab + 61, 1)
+    scores = (-10 * torch.rand(rows, 1, generator=gen)).to(DEVICE)
+    want = beam_topk(view.contiguous(), scores, BUCKETS, None, block=256, argmax=True)
+    got = beam_topk(view, scores, BUCKETS, None, block=256, argmax=True)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_exact_ties_lower_id_first():
     """Equal values: the lower id (row in group * vocab + token) first, every time; equal
     rows of a group tie across rows too."""

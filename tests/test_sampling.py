@@ -201,3 +201,27 @@ def test_eos_and_min_new_tokens(t5_dir, sources, tmp_path):
     assert out["eos"] == ref[: ref.index(eos) + 1]
     assert out["ignore"] == ref
     assert len(out["min"]) >= 8 and eos not in out["min"][:8]
+
+
+@pytest.mark.parametrize("params", [
+    [{"temperature": 0}, {"temperature": 0}],
+    [{"temperature": 0.7, "top_k": 5, "seed": 1}, {"temperature": 0}],
+    [{"temperature": 0, "repetition_penalty": 1.3, "presence_penalty": 0.4}] * 2,
+])
+def test_strided_logits_sample_as_contiguous(params):
+    """A padded LM head hands the sampler a view whose rows are wider than the vocabulary
+    (`TritonOps.logits`): every path samples from it what it samples from the same logits
+    made contiguous, and the log-probs are equal."""
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randn(len(params), VOCAB + 13, generator=gen)
+    view = wide[:, :VOCAB]
+    assert not view.is_contiguous()
+    outputs = [[3, 4, 3]] * len(params)
+    sb = _batch(params, outputs)
+    sb.want_logprobs, sb.top_logprobs_num = True, 2
+    got = Sampler((2,))(view, sb)
+    want = Sampler((2,))(view.contiguous(), _batch(params, outputs))
+    assert torch.equal(got.next_token_ids, want.next_token_ids)
+    assert torch.equal(got.logprobs, Sampler((2,))(view.contiguous(), sb).logprobs)
+    assert torch.equal(got.top_logprob_ids, Sampler((2,))(view.contiguous(), sb).top_logprob_ids)
+    assert torch.equal(view, wide[:, :VOCAB])  # (the model's logits left as they were)
