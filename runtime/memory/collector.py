@@ -12,7 +12,7 @@ What is allocated since is the running requests, and a full pass over them finds
 free (their objects are freed by reference counts when they finish; the beam and greedy paths
 leave no cycles, tests/test_collector.py), yet costs in proportion to how many run: on an
 H200, 4,096 OPUS-MT beam requests at 2,048 rows spent 344 ms of a 7.3 s run in full passes,
-at 4,096-8,192 rows 1.3-1.4 s of 5-7 s (docs/benchmarks.md). `FullPasses` takes full
+8,192 of them at 4,096 or 8,192 rows 1.0-1.1 s of 10-14 s (docs/benchmarks.md). `FullPasses` takes full
 collections off the allocation trigger in the scheduler process: one runs when the scheduler
 goes idle (at most every `IDLE_GAP_S`), and under a load that never lets up every
 `interval_s`, so whatever cycles something does leave are still freed (SGLang's schedulers
