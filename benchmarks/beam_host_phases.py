@@ -62,10 +62,10 @@ def timed_phases(groups: int, beams: int, steps: int) -> dict[str, float]:
     for owner, name, label in PHASES:
         # (the callers look these names up in their modules: patched where they are read)
         original = getattr(owner, name)
-        timer = _timer(original, label, spent)
+        timer_ = timer(original, label, spent)
         for where in (owner, step_launcher, scheduler):
             if getattr(where, name, None) is original:
-                setattr(where, name, timer)
+                setattr(where, name, timer_)
     while sched.running_rows < rows or sched.forwards["decode"] < 5:
         sched.step()
     per_step = []
@@ -81,7 +81,8 @@ def timed_phases(groups: int, beams: int, steps: int) -> dict[str, float]:
     return out
 
 
-def _timer(fn, label: str, spent: dict[str, float]):
+def timer(fn, label: str, spent: dict[str, float], calls: dict[str, int] | None = None):
+    """`fn` adding its real time to `spent[label]` (and counting its calls in `calls`)."""
     @functools.wraps(fn)
     def timed(*args, **kwargs):
         start = time.perf_counter()
@@ -89,6 +90,8 @@ def _timer(fn, label: str, spent: dict[str, float]):
             return fn(*args, **kwargs)
         finally:
             spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+            if calls is not None:
+                calls[label] = calls.get(label, 0) + 1
     return timed
 
 

@@ -33,6 +33,7 @@ from seq2serve.runtime.scheduler import request_memory, scheduler
 from seq2serve.runtime.scheduler.scheduler import Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from beam_host_phases import timer  # noqa: E402  (the same timers)
 from beam_overlap_share import tiny_bart  # noqa: E402  (the same tiny BART)
 
 # (owner, attribute, label): the functions whose real time `--phases` adds up
@@ -49,23 +50,13 @@ PHASES = [
 ]
 
 
-def time_phases() -> dict[str, list]:
-    """Wraps PHASES' functions with real-time timers: label -> [seconds, calls]."""
-    spent: dict[str, list] = {label: [0.0, 0] for _, _, label in PHASES}
-
-    def wrapped(fn, label):
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[label][0] += time.perf_counter() - start
-                spent[label][1] += 1
-        return timed
-
+def time_phases() -> tuple[dict[str, float], dict[str, int]]:
+    """Wraps PHASES' functions with real-time timers: (label -> seconds, label -> calls)."""
+    spent: dict[str, float] = {label: 0.0 for _, _, label in PHASES}
+    calls: dict[str, int] = {label: 0 for _, _, label in PHASES}
     for owner, attr, label in PHASES:
-        setattr(owner, attr, wrapped(getattr(owner, attr), label))
-    return spent
+        setattr(owner, attr, timer(getattr(owner, attr), label, spent, calls))
+    return spent, calls
 
 
 def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str | None,
@@ -146,7 +137,7 @@ def main() -> None:
     if a.device == "cuda":
         import torch
         sync = torch.cuda.synchronize
-    spent = time_phases() if a.phases else {}
+    spent, calls = time_phases() if a.phases else ({}, {})
     kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync,
                        a.context_length or None, a.arrive, a.freeze_first)
     for kind, times in kinds.items():
@@ -158,9 +149,10 @@ def main() -> None:
     tokens = a.requests * a.new_tokens
     print(f"{tokens / kinds['(whole run)'][0]:,.0f} tok/s of best hypotheses; the collector's "
           f"pauses (gen 0 / 1 / 2): {[round(t * 1e3) for t in kinds['(collector)']]} ms")
-    for label, (seconds, calls) in spent.items():
-        print(f"{label:30s} {seconds:7.3f} s  {calls:6d} calls  "
-              f"{seconds / max(calls, 1) * 1e6:9.1f} us a call")
+    for label, seconds in spent.items():
+        n = calls[label]
+        print(f"{label:30s} {seconds:7.3f} s  {n:6d} calls  "
+              f"{seconds / max(n, 1) * 1e6:9.1f} us a call")
 
 
 if __name__ == "__main__":
