@@ -37,17 +37,28 @@ class VocabParallelEmbedding(nn.Module):
         return parallel_state.all_reduce(x.masked_fill(outside[..., None], 0.0))
 
 
+class LMHead(Linear):
+    """The LM head at tp_size 1: logits by the ops' `logits` (a padded head's are a view of
+    the padded product, its columns cut off without a copy), `bias` (BART's
+    final_logits_bias) added after the product. Either way the logits may be strided."""
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.ops.logits(x, self.weight, bias)
+
+
 class VocabParallelLMHead(Linear):
-    """Logits of this rank's vocabulary rows, gathered into the full [tokens, vocab]."""
+    """Logits of this rank's vocabulary rows, gathered into the full [tokens, vocab] (a view:
+    the last rank's rows past the vocabulary cut off); `bias` added to them."""
 
     def __init__(self, dim: int, vocab: int) -> None:
         super().__init__(dim, _rows_per_rank(vocab, parallel_state.tensor_parallel().size))
         self.vocab = vocab
         self.tp_dims = {"weight": 0}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         logits = parallel_state.all_gather_last(self.ops.linear(x, self.weight))
-        return logits[..., :self.vocab]
+        logits = logits[..., :self.vocab]
+        return logits if bias is None else logits + bias
 
 
 def embedding(vocab: int, dim: int) -> nn.Module:
@@ -62,5 +73,5 @@ def embedding(vocab: int, dim: int) -> nn.Module:
 def lm_head(dim: int, vocab: int) -> Linear:
     """The LM head: split by vocabulary rows, its logits gathered on every rank."""
     if parallel_state.tensor_parallel().size == 1:
-        return Linear(dim, vocab)
+        return LMHead(dim, vocab)
     return VocabParallelLMHead(dim, vocab)

@@ -29,9 +29,9 @@ def test_load_model_sets_the_ops_of_every_layer_once(t5_dir):
     triton = TritonOps(gemv_max_m=2)
     model = load_model(config, "cpu", torch.float32, ops=triton)
     assert _ops_of(model) == {triton}
-    # norms, projections and the gated MLPs alike
+    # norms, projections, the gated MLPs and the LM head alike
     assert {type(m).__name__ for m in model.modules() if getattr(m, "ops", None) is triton} \
-        >= {"RMSNorm", "Linear", "GatedMLP"}
+        >= {"RMSNorm", "LMHead", "GatedMLP"}
 
 
 def test_loading_warms_the_small_row_kernels_for_every_weight_shape(t5_dir, monkeypatch):

@@ -56,3 +56,28 @@ def test_warm_pads_only_cuda_weights():
     head.ops = ops
     ops.warm(head)
     assert padded(head.weight) is None
+
+
+def test_logits_of_a_padded_head_are_a_view_with_the_bias_in_the_product():
+    """`TritonOps.logits` on a padded head: the padded product's first columns as a strided
+    view (no copy), the bias added in the product; equal to HF's head plus bias. Small row
+    counts (the GEMV's) and unpadded heads take `linear` plus the bias as before."""
+    torch.manual_seed(2)
+    ops = TritonOps(gemv_max_m=0, skinny_max_m=0)
+    for n in (101, 8 * ROWS + 3):
+        w = nn.Parameter(torch.randn(n, 32), requires_grad=False)
+        x, bias = torch.randn(6, 32), torch.randn(n)
+        want = F.linear(x, w) + bias
+        pad_rows(w)
+        got = ops.logits(x, w, bias)
+        assert got.shape == (6, n) and got.stride() == (padded(w).shape[0], 1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert ops.logits(x, w, bias).data_ptr() != got.data_ptr()  # (a fresh output)
+        plain = ops.logits(x, w)
+        assert plain.stride() == (padded(w).shape[0], 1)
+        torch.testing.assert_close(plain, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    aligned = nn.Parameter(torch.randn(64, 32), requires_grad=False)
+    x, bias = torch.randn(6, 32), torch.randn(64)
+    out = ops.logits(x, aligned, bias)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, aligned) + bias, rtol=1e-5, atol=1e-5)

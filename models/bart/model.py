@@ -195,8 +195,8 @@ class BartForConditionalGeneration(ModelFamily):
         return x if self.decoder_norm is None else self.decoder_norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
-        return logits if self.final_logits_bias is None else logits + self.final_logits_bias
+        bias = self.final_logits_bias
+        return self.lm_head(hidden, None if bias is None else bias.view(-1))
 
     # --- weights -----------------------------------------------------------------------------
     def weight_map(self, name: str) -> list[tuple[str, int | None]] | None:
