@@ -40,7 +40,7 @@ PHASES = [
     (schedule_batch, "decode_batch", "  decode columns and slots"),
     (model_runner.ModelRunner, "forward", "  forward + sampler (device work on a GPU)"),
     (scheduler.Scheduler, "_process", "read (all of it)"),
-    (scheduler, "advance_group_arrays", "  HF's beam rules"),
+    (scheduler, "follow_device_rules", "  the device's rules taken in"),
     (scheduler.Scheduler, "_follow_beams", "  books follow the device"),
 ]
 

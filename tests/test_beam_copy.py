@@ -56,8 +56,7 @@ def _setup(groups, dtype, heads=2, dim=8, layers=3, seed=0):
         copy_len += [length % PS] * len(local)
         starts.append(starts[-1] + len(local))
     long = dict(dtype=torch.int64)
-    moves = BeamMoves(torch.full((len(groups), 1), -1), torch.zeros(len(groups), dtype=bool),
-                      table_rows, torch.tensor(shared_end, **long), torch.tensor(copy_len, **long),
+    moves = BeamMoves(table_rows, torch.tensor(shared_end, **long), torch.tensor(copy_len, **long),
                       max(1, max(copy_len)), torch.tensor(starts, **long),
                       max(len(p) for _, p in groups))
     return pool, table, moves, torch.tensor(parents, **long)

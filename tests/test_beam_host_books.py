@@ -91,13 +91,8 @@ def reference_follow_beams(self, group, choices, length):
     group.peak_pages = max(group.peak_pages, pre + len(kept))
 
 
-def reference_beam_moves(self, groups, pending):
+def reference_beam_moves(self, groups):
     ps = self.memory.page_size
-    width = max(len(g.stop_ids) for g in groups)
-    stop_ids = torch.tensor([sorted(g.stop_ids) + [-1] * (width - len(g.stop_ids))
-                             for g in groups], dtype=torch.int64).view(len(groups), width)
-    all_end = [len(g.rows[0].output_ids) + pending + 1 >= g.rows[0].sampling_params
-               .max_new_tokens for g in groups]
     table_rows, shared_end, copy_len = [], [], []
     for g in groups:
         steady = len(g.rows) > 1
@@ -107,9 +102,9 @@ def reference_beam_moves(self, groups, pending):
             shared_end.append(length - length % ps)
             copy_len.append(length % ps)
     sizes = [len(g.rows) for g in groups]
-    return (stop_ids, torch.tensor(all_end), torch.tensor(table_rows), torch.tensor(shared_end),
-            torch.tensor(copy_len), max(1, max(copy_len)),
-            torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0), max(sizes))
+    return (torch.tensor(table_rows), torch.tensor(shared_end), torch.tensor(copy_len),
+            max(1, max(copy_len)), torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0),
+            max(sizes))
 
 
 def reference_rows_ahead(running, prev, page_size):
@@ -259,22 +254,18 @@ def test_alloc_beam_next_matches_reference(seed):
 def test_beam_moves_matches_reference(seed):
     rng = random.Random(seed)
     groups = make_groups(rng, 40, steady=False)
-    if seed % 3 == 0:  # one stop set for all (the usual case)
-        for g in groups:
-            g.stop_ids = frozenset({1})
     m = _memory()
     _into_book(m, groups)
     launcher = StepLauncher(None, m, 100, (1,), "cpu")
-    for pending in (0, 1):
-        got = launcher._beam_moves(groups, pending)
-        want = reference_beam_moves(launcher, groups, pending)
-        fields = (got.stop_ids, got.all_end, got.table_rows, got.shared_end, got.copy_len,
-                  got.copy_width, got.starts, got.max_beams)
-        for a, b in zip(fields, want):
-            if isinstance(b, torch.Tensor):
-                assert torch.equal(a, b)
-            else:
-                assert a == b
+    got = launcher._beam_moves(groups)
+    want = reference_beam_moves(launcher, groups)
+    fields = (got.table_rows, got.shared_end, got.copy_len, got.copy_width, got.starts,
+              got.max_beams)
+    for a, b in zip(fields, want):
+        if isinstance(b, torch.Tensor):
+            assert torch.equal(a, b)
+        else:
+            assert a == b
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -133,17 +133,19 @@ def _sampler_batch(vocab: int, moves: bool, **extra) -> SamplingBatch:
     reqs = [Req(rid=str(i), encoder_input_ids=[], decoder_input_ids=[0],
                 sampling_params=SamplingParams.from_dict(p)) for i, p in enumerate(params)]
     buckets = [(1, 1, 8), (2, 4, 8)]
-    beam_moves = None
-    if moves:
+    scores = [0.0] + [-1.5, -2.0, -2.25, -3.0, -0.5, -0.75, -1.0, -4.0]
+    if not moves:  # (the candidates alone)
+        beams = SamplingBatch.beam_layout(scores, buckets, DEVICE)
+    else:  # the device's rules: three groups entering slots 0-2 (the last at its length limit)
         rows = 9
         beam_moves = BeamMoves(
-            stop_ids=torch.tensor([[-1, -1], [1, -1], [1, 2]], device=DEVICE),
-            all_end=torch.tensor([False, False, True], device=DEVICE),
             table_rows=torch.arange(rows, device=DEVICE),
             shared_end=torch.zeros(rows, dtype=torch.int64, device=DEVICE),
             copy_len=torch.zeros(rows, dtype=torch.int64, device=DEVICE), copy_width=1)
-    scores = [0.0] + [-1.5, -2.0, -2.25, -3.0, -0.5, -0.75, -1.0, -4.0]
-    beams = SamplingBatch.beam_layout(scores, buckets, DEVICE, beam_moves)
+        enter = ((4, [0, 1, 2], [0, 0, 0], [9, 9, 1], [False] * 3, [1.0] * 3,
+                  [(), (1,), (1, 2)], [8, 8, 8]),)
+        beams = SamplingBatch.beam_layout(scores, buckets, DEVICE, beam_moves, [0, 1, 2],
+                                          (4, 4), enter)
     return SamplingBatch.from_reqs(reqs, vocab, eos_ids=(1,), device=DEVICE, beams=beams,
                                    **extra)
 
@@ -172,6 +174,10 @@ def test_sampler_fused_path_matches_todays(moves):
         assert torch.equal(got.beam_parents, want.beam_parents)
         torch.testing.assert_close(got.beam_running_scores, want.beam_running_scores,
                                    rtol=1e-6, atol=1e-5)
+        assert torch.equal(got.beam_ints, want.beam_ints)
+        torch.testing.assert_close(got.beam_floats, want.beam_floats, rtol=1e-6, atol=1e-5)
+        assert got.beam_done.tolist() == want.beam_done.tolist() == [False, False, True]
+        assert (got.beam_ints[1, 4:8] != 1).all()  # (the stop token: a hypothesis, not a beam)
     else:
         assert got.beam_parents is None and want.beam_parents is None
 

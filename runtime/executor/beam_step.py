@@ -1,15 +1,13 @@
-"""A beam step's choices made on the device, so the next step can be launched before the host
+"""A beam step's moves made on the device, so the next step can be launched before the host
 has read this one (the overlap schedule).
 
-From its second step on, a beam group's rows are `num_beams` decoder rows. After the sampler
-has each group's best `keep` candidates, `choose_beams` picks the running beams by the rule
-`BeamGroup.advance` applies on the host (HF's `_get_running_beams_for_next_iteration`: the best
-candidates that do not stop; stopping ones, scored -1e9, only if too few do not), in float32
-as there. `move_pages` then makes each row continue its parent: the table entries of the full
-pages are copied from the parent's row, and the filled part of the parent's last page is
-copied into the row's own last page (each row of a group owns a distinct last page, and keeps
-it). The host learns the same choices a step later and only mirrors them in its books
-(`RequestMemory.follow_beams`); it allocates nothing for a move.
+From its second step on, a beam group's rows are `num_beams` decoder rows. Once the sampler's
+rules (`beam_rules.py`) have chosen the running beams, `move_pages` makes each row continue
+its parent: the table entries of the full pages are copied from the parent's row, and the
+filled part of the parent's last page is copied into the row's own last page (each row of a
+group owns a distinct last page, and keeps it). The host learns the same choices a step later
+and only mirrors them in its books (`RequestMemory.follow_beams`); it allocates nothing for a
+move.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-_NEG = -1.0e9  # HF's score of a running beam that has in fact stopped
-
 
 @dataclass
 class BeamMoves:
@@ -27,8 +23,6 @@ class BeamMoves:
     Groups come in the sampler's bucket order; rows of groups at their first step hold
     neutral values (they move nothing)."""
 
-    stop_ids: torch.Tensor  # [groups, S] int64: tokens that end a hypothesis, -1 padded
-    all_end: torch.Tensor  # [groups] bool: this step reaches max_new_tokens (every candidate ends)
     table_rows: torch.Tensor  # [beam rows] int64: each row's req_to_token row
     shared_end: torch.Tensor  # [beam rows] int64: positions below it are in full pages
     copy_len: torch.Tensor  # [beam rows] int64: positions written in the last page
@@ -37,41 +31,6 @@ class BeamMoves:
     # copies take the torch path)
     starts: torch.Tensor | None = None
     max_beams: int = 1  # the most rows of a group (the kernel's tile)
-
-
-def choose_beams(values: torch.Tensor, ids: torch.Tensor, buckets, moves: BeamMoves,
-                 vocab: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each beam row's parent (its batch row) and running score, from the candidates
-    (`values`, `ids`: each group's `keep` best, best first); each row's next token is written
-    into `tokens` (the step's next input ids). Rows of groups at their first step (one row:
-    the host spawns their beams) are their own parents and keep their token."""
-    rows_total = moves.table_rows.numel()
-    device = values.device
-    parents = torch.arange(rows_total, device=device)
-    scores = torch.zeros(rows_total, dtype=torch.float32, device=device)
-    row0 = cand0 = group0 = 0
-    for groups, rows, keep in buckets:
-        if rows > 1:
-            v = values[cand0:cand0 + groups * keep].view(groups, keep)
-            flat = ids[cand0:cand0 + groups * keep].view(groups, keep)
-            parent, token = flat // vocab, flat % vocab
-            stops = moves.stop_ids[group0:group0 + groups]
-            ends = (token[:, :, None] == stops[:, None, :]).any(-1)
-            ends |= moves.all_end[group0:group0 + groups, None]
-            # the first `rows` candidates that do not end, then those that do, in rank order
-            rank = torch.arange(keep, device=device)
-            order = (ends.long() * keep + rank).argsort(dim=1)[:, :rows]
-            ended = ends.gather(1, order)
-            score = v.gather(1, order)
-            score = torch.where(ended, score + _NEG, score)
-            first = row0 + torch.arange(groups, device=device)[:, None] * rows
-            parents[row0:row0 + groups * rows] = (first + parent.gather(1, order)).flatten()
-            tokens[row0:row0 + groups * rows] = token.gather(1, order).flatten()
-            scores[row0:row0 + groups * rows] = score.flatten()
-        row0 += groups * rows
-        cand0 += groups * keep
-        group0 += groups
-    return parents, scores
 
 
 def move_pages(req_to_token: torch.Tensor, kv, moves: BeamMoves, parents: torch.Tensor,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from seq2serve.runtime.executor.beam_step import choose_beams
+from seq2serve.runtime.executor.beam_rules import BeamArena
 from seq2serve.runtime.executor.beam_topk_torch import row_topk_beams
 from seq2serve.runtime.executor.sampling_batch import SamplingBatch
 from seq2serve.runtime.executor.seeded_race import block_size, race
@@ -34,10 +34,17 @@ class StepOutput:
     # beam search: each group's best candidates, groups in the batch's bucket order
     beam_values: torch.Tensor | None = None  # [sum of keeps] float32 accumulated log-probs
     beam_ids: torch.Tensor | None = None  # [sum of keeps] int64: row in group * vocab + token
-    # ... and, for groups past their first step, the running beams the device chose (the
-    # rows' tokens are in next_token_ids): each beam row's parent row and running score
+    # ... the running beams HF's rules chose on the device (beam_rules.py; for groups past
+    # their first step their tokens are in next_token_ids): each beam row's parent row and
+    # running score
     beam_parents: torch.Tensor | None = None  # [beam rows] int64, batch rows
     beam_running_scores: torch.Tensor | None = None  # [beam rows] float32, stays on the device
+    # ... and what the host reads of the step, each group's num_beams entries one group after
+    # another: [3, n] int64 (parent row in the group, token, the K best candidates' ids),
+    # [2, n] float32 (running score, finished hypothesis' score or -inf), [groups] bool done
+    beam_ints: torch.Tensor | None = None
+    beam_floats: torch.Tensor | None = None
+    beam_done: torch.Tensor | None = None
     # EXTEND: log-probs of the scored decoder input tokens (`DecoderBatch.input_logprobs`)
     input_logprobs: torch.Tensor | None = None  # [n] float32
     # the sampled rows' logits [B, vocab], as computed (a CUDA graph's are its output buffer:
@@ -47,8 +54,8 @@ class StepOutput:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
-    beam_candidates: tuple[np.ndarray, np.ndarray] | None = None  # (float32 values, int64 ids)
-    beam_parent_rows: list[int] | None = None
+    # (parents, tokens, top ids, running scores, hypothesis scores, done) as numpy arrays
+    beam_step: tuple[np.ndarray, ...] | None = None
     input_token_logprobs: list[float] | None = None
     device_seconds: float = 0.0  # the device's time on this step (CUDA: between its events)
     _host: tuple = field(default=(), repr=False)
@@ -60,7 +67,7 @@ class StepOutput:
 
     def _tensors(self) -> tuple:
         return (self.next_token_ids, self.logprobs, self.top_logprob_ids, self.top_logprobs,
-                self.beam_values, self.beam_ids, self.beam_parents, self.input_logprobs)
+                self.beam_ints, self.beam_floats, self.beam_done, self.input_logprobs)
 
     def copy_to_host(self) -> StepOutput:
         """Queue the copy. With a `started` event (the model runner records one just before
@@ -89,17 +96,17 @@ class StepOutput:
                 if self.idle is not None:
                     busy -= self.idle[0].elapsed_time(self.idle[1])
                 self.device_seconds = busy / 1e3
-        (ids, logprobs, top_ids, top_vals, beam_values, beam_ids, parents,
+        (ids, logprobs, top_ids, top_vals, beam_ints, beam_floats, beam_done,
          input_logprobs) = self._host or self._tensors()
         self.token_ids = ids.tolist()
         if logprobs is not None:
             self.token_logprobs = logprobs.tolist()
         if top_vals is not None:
             self.top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
-        if beam_values is not None:
-            self.beam_candidates = beam_values.numpy(), beam_ids.numpy()
-        if parents is not None:
-            self.beam_parent_rows = parents.tolist()
+        if beam_ints is not None:
+            ints, floats = beam_ints.numpy(), beam_floats.numpy()
+            self.beam_step = (ints[0], ints[1], ints[2], floats[0], floats[1],
+                              beam_done.numpy())
         if input_logprobs is not None:
             self.input_token_logprobs = input_logprobs.tolist()
         return self
@@ -113,6 +120,8 @@ class Sampler:
     def __init__(self, suppressed: tuple[int, ...] = (), device: str = "cpu") -> None:
         self.suppressed = (torch.tensor(sorted(set(suppressed)), dtype=torch.int64,
                                         device=device) if suppressed else None)
+        self.device = device
+        self.arenas: dict[int, BeamArena] = {}  # the beam groups' state, by num_beams
 
     def suppress(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` with the suppressed tokens at -inf (in place; no-op without any)."""
@@ -153,10 +162,7 @@ class Sampler:
         out = StepOutput(next_token_ids=self._sample(logits, sb))
         if sb.beam_rows:
             out.beam_values, out.beam_ids = _beam_candidates(logits, sb)
-            if sb.beam_moves is not None:
-                out.beam_parents, out.beam_running_scores = choose_beams(
-                    out.beam_values, out.beam_ids, sb.beam_buckets, sb.beam_moves,
-                    logits.shape[-1], out.next_token_ids)
+            self._beam_rules(out, sb, logits.shape[-1])
         if sb.want_logprobs:
             logprobs = torch.log_softmax(logits, dim=-1)
             out.logprobs = logprobs.gather(1, out.next_token_ids[:, None]).squeeze(1)
@@ -171,7 +177,7 @@ class Sampler:
         float32 copy or a log-softmax; on the CPU each row's own top-k, beam_topk_torch.py);
         the rows after the beam rows as `__call__` treats them. A beam row's next token is
         the argmax of its log-probs (the lower token where rounding makes two equal), as
-        `_sample` gives it; `choose_beams` overwrites it for groups past their first step."""
+        `_sample` gives it; `_beam_rules` overwrites it for groups past their first step."""
         r = sb.beam_rows
         if logits.is_cuda:
             from seq2serve.runtime.kernels.triton_beam_topk import beam_topk  # (CUDA only)
@@ -184,10 +190,46 @@ class Sampler:
         if r < logits.shape[0]:
             tokens = torch.cat([tokens, self(logits[r:], _after_beams(sb)).next_token_ids])
         out = StepOutput(next_token_ids=tokens, beam_values=values, beam_ids=ids)
-        if sb.beam_moves is not None:
-            out.beam_parents, out.beam_running_scores = choose_beams(
-                values, ids, sb.beam_buckets, sb.beam_moves, logits.shape[-1], tokens)
+        self._beam_rules(out, sb, logits.shape[-1])
         return out
+
+    def _beam_rules(self, out: StepOutput, sb: SamplingBatch, vocab: int) -> None:
+        """HF's rules on the device over the step's candidates (`out.beam_values`,
+        `out.beam_ids`), bucket by bucket, in each group's arena slot (the groups entering
+        this step first written in): the running beams' tokens (into `next_token_ids`, for
+        groups past their first step: a group at its first step keeps its one row's token,
+        the host makes its rows), parents and scores, and what the host reads. (A batch
+        without slots, made by a test of the candidates alone, stops at the candidates.)"""
+        if sb.beam_slots is None:
+            return
+        for k, *columns in sb.beam_enter:
+            if k not in self.arenas:
+                self.arenas[k] = BeamArena(k, self.device)
+            self.arenas[k].enter(*columns)
+        rows_total = sb.beam_rows
+        device = out.beam_values.device
+        parents = torch.arange(rows_total, device=device)
+        running = torch.zeros(rows_total, dtype=torch.float32, device=device)
+        ints, floats, done = [], [], []
+        row0 = cand0 = group0 = 0
+        for (groups, rows, keep), k in zip(sb.beam_buckets, sb.beam_ks):
+            v = out.beam_values[cand0:cand0 + groups * keep].view(groups, keep)
+            f = out.beam_ids[cand0:cand0 + groups * keep].view(groups, keep)
+            step = self.arenas[k].step(sb.beam_slots[group0:group0 + groups], v, f, vocab)
+            if rows > 1:  # (rows == k: the group's rows continue their parents)
+                first = row0 + torch.arange(groups, device=device)[:, None] * rows
+                parents[row0:row0 + groups * rows] = (first + step.parents).flatten()
+                out.next_token_ids[row0:row0 + groups * rows] = step.tokens.flatten()
+                running[row0:row0 + groups * rows] = step.scores.flatten()
+            ints.append(torch.stack([step.parents, step.tokens, step.top_ids]).view(3, -1))
+            floats.append(torch.stack([step.scores, step.hyp_scores]).view(2, -1))
+            done.append(step.done)
+            row0 += groups * rows
+            cand0 += groups * keep
+            group0 += groups
+        out.beam_parents, out.beam_running_scores = parents, running
+        out.beam_ints, out.beam_floats = torch.cat(ints, 1), torch.cat(floats, 1)
+        out.beam_done = torch.cat(done)
 
     @staticmethod
     def _sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -232,7 +274,8 @@ def _after_beams(sb: SamplingBatch) -> SamplingBatch:
     return replace(sb, temperatures=rest(sb.temperatures), greedy=rest(sb.greedy),
                    top_ks=rest(sb.top_ks), top_ps=rest(sb.top_ps), min_ps=rest(sb.min_ps),
                    keys=rest(sb.keys), filtered=rest(sb.filtered), beam_rows=0,
-                   beam_scores=None, beam_buckets=(), beam_moves=None)
+                   beam_scores=None, beam_buckets=(), beam_moves=None, beam_slots=None,
+                   beam_ks=(), beam_enter=())
 
 
 def _beam_candidates(logprobs: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor,

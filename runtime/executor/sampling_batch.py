@@ -63,7 +63,14 @@ class SamplingBatch:
     beam_rows: int = 0
     beam_scores: torch.Tensor | None = None  # [beam_rows, 1] float32
     beam_buckets: tuple[tuple[int, int, int], ...] = ()  # (groups, rows per group, keep)
-    # groups past their first step: the device chooses their beams and moves their pages
+    # HF's rules on the device (beam_rules.py): each group's slot in its num_beams' arena
+    # ([groups] int64, bucket order), each bucket's num_beams, and the groups that enter
+    # their arena this step (their first): (num_beams, slots, forced, max_new_tokens,
+    # early_stopping, length_penalty, stop ids, keep), the last seven one entry a group
+    beam_slots: torch.Tensor | None = None
+    beam_ks: tuple[int, ...] = ()
+    beam_enter: tuple[tuple, ...] = ()
+    # groups past their first step: the device moves their pages to the beams it chose
     beam_moves: BeamMoves | None = None
     # top-k / top-p / min-p: the rows with a rule ([B] bool; None if no sampled row has one),
     # and, when every such row has a top_k, the largest (the filter's width, on the host)
@@ -82,13 +89,20 @@ class SamplingBatch:
 
     @classmethod
     def beam_layout(cls, scores: list[float] | torch.Tensor, buckets: list[tuple[int, int, int]],
-                    device: str, moves: BeamMoves | None = None) -> dict:
+                    device: str, moves: BeamMoves | None = None,
+                    slots: list[int] | np.ndarray | None = None, ks: tuple[int, ...] = (),
+                    enter: tuple[tuple, ...] = ()) -> dict:
         """The beam fields, to pass to `from_reqs(beams=...)`. `scores`: the rows' running
-        scores, from the host's books or (a step ahead of them) the device's last choice."""
+        scores, from the host's books or (a step ahead of them) the device's last choice;
+        `slots`, `ks`, `enter`: the device rules' fields (`beam_slots`, ...)."""
         if not isinstance(scores, torch.Tensor):
             scores = torch.tensor(scores, dtype=torch.float32).to(device)
+        if slots is not None:
+            slots = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(device,
+                                                                           non_blocking=True)
         return {"beam_rows": scores.numel(), "beam_scores": scores.view(-1, 1),
-                "beam_buckets": tuple(buckets), "beam_moves": moves}
+                "beam_buckets": tuple(buckets), "beam_moves": moves, "beam_slots": slots,
+                "beam_ks": tuple(ks), "beam_enter": tuple(enter)}
 
     @classmethod
     def from_reqs(cls, reqs: list[SamplingRow], vocab_size: int, eos_ids: tuple[int, ...],

@@ -50,6 +50,7 @@ class BeamGroup:
     steps: int = 0
     npages: int = 0
     held: int = 0
+    slot: int | None = None  # its slot in the device's beam state (beam_slots.py), once entered
 
     @property
     def num_beams(self) -> int:
@@ -218,6 +219,42 @@ def advance_group_arrays(groups: list[BeamGroup], values, flat_ids, vocab: int, 
         for g, sc, kk in zip(groups, scores.tolist(), k.tolist()):
             g.scores = sc[:kk]
     return np.take_along_axis(row, run, 1), np.take_along_axis(tok, run, 1), k
+
+
+def follow_device_rules(groups: list[BeamGroup], parents: np.ndarray, tokens: np.ndarray,
+                        scores: np.ndarray, top_ids: np.ndarray, hyp_scores: np.ndarray,
+                        done: np.ndarray, vocab: int) -> np.ndarray:
+    """A step the device's rules made (`runtime/executor/beam_rules.py`) taken into the
+    groups' books: the arrays hold each group's num_beams entries one group after another
+    (`done`: one a group). Each group's running scores and `done` are set, and the candidates
+    that finished a hypothesis (`hyp_scores` above -inf, among the best `top_ids`) join its
+    hypotheses with their rows' tokens (before the rows follow the step). Returns each
+    group's first entry's index."""
+    k = np.fromiter((g.rows[0].sampling_params.num_beams for g in groups), dtype=np.int64,
+                    count=len(groups))
+    first = np.cumsum(k) - k
+    finished = hyp_scores > float("-inf")
+    if finished.any():
+        hyps = np.flatnonzero(finished)
+        owner = np.searchsorted(first, hyps, side="right") - 1
+        rows, toks = np.divmod(top_ids[hyps], vocab)
+        touched = {}
+        for i, h, row, tok in zip(owner.tolist(), hyps.tolist(), rows.tolist(), toks.tolist()):
+            g = groups[i]
+            g.hyps.append(Hypothesis(float(hyp_scores[h]), g.rows[row].output_ids + [tok]))
+            touched[i] = g
+        for i, g in touched.items():
+            g.hyps.sort(key=lambda h: -h.score)
+            del g.hyps[int(k[i]):]
+    if (k == k[0]).all():  # (one num_beams: the usual case)
+        for g, sc in zip(groups, scores.reshape(len(groups), -1).tolist()):
+            g.scores = sc
+    else:
+        for g, a, b in zip(groups, first.tolist(), (first + k).tolist()):
+            g.scores = scores[a:b].tolist()
+    for i in np.flatnonzero(done).tolist():
+        groups[i].done = True
+    return first
 
 
 def _rule_columns(groups: list[BeamGroup]) -> tuple:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from operator import attrgetter
 
 import numpy as np
@@ -13,6 +14,7 @@ from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
 from seq2serve.runtime.scheduler.beam_book import BeamBook, BookPages, BookTokens
 from seq2serve.runtime.scheduler.beam_search import BeamGroup
+from seq2serve.runtime.scheduler.beam_slots import BeamSlots
 from seq2serve.runtime.scheduler.radix_cache import RadixCache
 from seq2serve.runtime.scheduler.req import Req
 
@@ -46,6 +48,7 @@ class RequestMemory:
         # frees a slice of the pool at once, least recently used first, so that the next
         # steps' few pages need no walk
         self.evict_ahead_pages = max(1, token_to_kv.allocator.num_pages // 64)
+        self.beam_slots = BeamSlots()  # the groups' slots in the device's beam state
         self.beam_book = BeamBook(req_to_token.size, token_to_kv.allocator.num_pages,
                                   self.page_size)
         # admissions' table rows (a cached prefix's slots, the cross K/V's), written to the
@@ -271,6 +274,9 @@ class RequestMemory:
         """Free everything a beam group holds (its rows' shared pages once). Its rows' tokens
         and pages become lists again (the user's request keeps its own tokens)."""
         head = group.rows[0]
+        if group.slot is not None:
+            self.beam_slots.give(group.num_beams, group.slot)
+            group.slot = None
         pre = head.prefix_pages
         if group.table_rows is not None:
             prefix = head.kv_pages[:pre]
@@ -333,6 +339,10 @@ class RequestMemory:
             owned += (self.beam_book.owned(g, pre) if g.table_rows is not None
                       else g.rows[0].kv_pages[pre:])
         self.req_to_token.check(rows)
+        slots = [(g.num_beams, g.slot) for g in groups.values() if g.slot is not None]
+        held = {k: n for k, n in self.beam_slots.held.items() if n}
+        if len(set(slots)) != len(slots) or held != dict(Counter(k for k, _ in slots)):
+            raise AssertionError(f"beam slots held {held}, by running groups {sorted(slots)}")
         self.token_to_kv.allocator.check(owned + self.radix.owned_pages())
         if self.radix.host is not None:  # the host tier holds cached copies only
             self.radix.host.allocator.check(self.radix.host_pages())

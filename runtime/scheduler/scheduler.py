@@ -48,7 +48,7 @@ from seq2serve.runtime.messages.io_struct import (
 from seq2serve.runtime.messages.model_limits import ModelLimits
 from seq2serve.runtime.scheduler.beam_search import (
     BeamGroup,
-    advance_group_arrays,
+    follow_device_rules,
     forget_rules,
 )
 from seq2serve.runtime.scheduler.grammar_compiles import GrammarCompiles
@@ -74,8 +74,8 @@ from seq2serve.runtime.scheduler.step_plan import (
 )
 
 logger = logging.getLogger(__name__)
-# a beam group's candidates a step, its rows, whether its search has ended (C-loop getters)
-_KEEP, _ROWS, _DONE = attrgetter("keep"), attrgetter("rows"), attrgetter("done")
+# a beam group's rows, its first row, a request's finish (C-loop getters)
+_ROWS = attrgetter("rows")
 _FIRST, _REASON = itemgetter(0), attrgetter("finished_reason")
 
 
@@ -675,44 +675,53 @@ class Scheduler:
 
     def _beam_steps(self, groups: list[BeamGroup], result: StepOutput,
                     now: float) -> list[TokenOutput]:
-        """Advance every beam group of the batch by HF's rules. Groups past their first step
-        were moved on the device already (the same choices: checked), the host follows in its
-        books, all together; groups at their first step get their rows here, together."""
-        values, flat_ids = result.beam_candidates
-        # (each group's candidates and rows in the step's order; C loops over the groups)
-        keeps = np.fromiter(map(_KEEP, groups), dtype=np.int64, count=len(groups))
-        sizes = np.fromiter(map(len, map(_ROWS, groups)), dtype=np.int64, count=len(groups))
+        """Take the step HF's rules made on the device (`executor/beam_rules.py`) into every
+        beam group of the batch: its hypotheses, running scores and end (`follow_device_rules`);
+        groups past their first step were moved on the device already, the host follows in
+        its books, all together; groups at their first step get their rows here, together."""
+        parents, tokens, top_ids, scores, hyp_scores, done = result.beam_step
         heads = list(map(_FIRST, map(_ROWS, groups)))
         ended = np.fromiter(map(is_not, map(_REASON, heads), repeat(None)), dtype=bool,
                             count=len(groups))  # (aborted while the step was in flight)
         if ended.all():
             return []
-        live_at = np.flatnonzero(~ended)
-        live = groups if not ended.any() else [groups[i] for i in live_at.tolist()]
-        starts = (np.cumsum(keeps) - keeps)[live_at]
-        first_rows = (np.cumsum(sizes) - sizes)[live_at]
-        one_row = sizes[live_at] == 1  # (groups at their first step)
+        sizes = np.fromiter(map(len, map(_ROWS, groups)), dtype=np.int64, count=len(groups))
+        k = np.fromiter((h.sampling_params.num_beams for h in heads), dtype=np.int64,
+                        count=len(groups))
+        first_rows = np.cumsum(sizes) - sizes
+        if ended.any():  # (the live groups' entries only)
+            live_at = np.flatnonzero(~ended)
+            entries = np.concatenate([np.arange(a, a + n) for a, n in
+                                      zip((np.cumsum(k) - k)[live_at].tolist(),
+                                          k[live_at].tolist())])
+            parents, tokens, top_ids = parents[entries], tokens[entries], top_ids[entries]
+            scores, hyp_scores, done = scores[entries], hyp_scores[entries], done[live_at]
+            groups, sizes, k = [groups[i] for i in live_at.tolist()], sizes[live_at], k[live_at]
+            first_rows = first_rows[live_at]
+        one_row = sizes == 1  # (groups at their first step)
         for i in np.flatnonzero(one_row).tolist():
-            if live[i].rows[0].first_token_time is None:
-                live[i].rows[0].first_token_time = now
-        run_rows, run_toks, k = advance_group_arrays(live, values, flat_ids,
-                                                     self.model_config.vocab_size, starts)
-        done = np.fromiter(map(_DONE, live), dtype=bool, count=len(live))
+            if groups[i].rows[0].first_token_time is None:
+                groups[i].rows[0].first_token_time = now
+        first = follow_device_rules(groups, parents, tokens, scores, top_ids, hyp_scores, done,
+                                    self.model_config.vocab_size)
         outputs, first_steps, finished = [], [], set()
         for i in np.flatnonzero(done).tolist():
-            outputs += self._finish_beams(live[i], now)
-            finished.add(live[i])
+            outputs += self._finish_beams(groups[i], now)
+            finished.add(groups[i])
         for i in np.flatnonzero(one_row & ~done).tolist():
-            n = int(k[i])
-            first_steps.append((live[i], list(zip(run_rows[i, :n].tolist(),
-                                                  run_toks[i, :n].tolist()))))
+            a, n = int(first[i]), int(k[i])
+            first_steps.append((groups[i], list(zip(parents[a:a + n].tolist(),
+                                                    tokens[a:a + n].tolist()))))
         if finished:  # (one pass over the running batch, however many groups finished)
             self.running = [r for r in self.running if r.beam not in finished]
         moving = np.flatnonzero(~one_row & ~done)
         if moving.size:
-            movers = live if moving.size == len(live) else [live[i] for i in moving.tolist()]
-            self._follow_beams(movers, run_rows[moving], run_toks[moving], k[moving],
-                               first_rows[moving], result.beam_parent_rows)
+            movers = groups if moving.size == len(groups) else [groups[i] for i in
+                                                                 moving.tolist()]
+            entries = (np.concatenate([np.arange(a, a + n) for a, n in
+                                       zip(first[moving].tolist(), k[moving].tolist())])
+                       if moving.size != len(groups) else slice(None))
+            self._follow_beams(movers, parents[entries], tokens[entries], k[moving])
         grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
         for (g, _), grammar in zip(first_steps, grammars):
@@ -723,30 +732,19 @@ class Scheduler:
                 set_beam_grammars(g, grammar)
         return outputs
 
-    def _follow_beams(self, groups: list[BeamGroup], run_rows: np.ndarray,
-                      run_toks: np.ndarray, k: np.ndarray, first_rows: np.ndarray,
-                      device_parents) -> None:
+    def _follow_beams(self, groups: list[BeamGroup], local: np.ndarray, tokens: np.ndarray,
+                      k: np.ndarray) -> None:
         """The host's books of groups past their first step, which the device has moved:
-        group i's row j continues its row `run_rows[i, j]` with `run_toks[i, j]` (its first
-        `k[i]` columns). The device's choices (`device_parents`: each beam row's parent batch
-        row) must be these."""
-        keep = np.arange(run_rows.shape[1])[None, :] < k[:, None]
-        local, tokens = run_rows[keep], run_toks[keep]  # (row-major: group by group)
-        batch_rows = np.repeat(first_rows, k)
-        within = np.arange(len(local)) - np.repeat(np.cumsum(k) - k, k)
-        chosen = np.asarray(device_parents, dtype=np.int64)[batch_rows + within]
-        wrong = np.flatnonzero(chosen != batch_rows + local)
-        if wrong.size:
-            g = groups[int(np.searchsorted(np.cumsum(k), wrong[0], side="right"))]
-            raise AssertionError(f"beam request {g.rows[0].rid}: the device chose other "
-                                 f"beams than the host's rules")
+        their rows, group after group (`k[i]` of group i), continue their group's rows
+        `local` with `tokens`."""
         offsets = np.repeat(np.cumsum(k) - k, k)  # (every group's rows: num_beams of them)
         # (a grammar row reads its history: a C loop finds none, the usual case)
         heads = list(map(_FIRST, map(_ROWS, groups)))
         with_grammar = ([i for i, h in enumerate(heads) if h.grammar is not None]
                         if any(map(READS_HISTORY, heads)) else [])
-        grammars = [beam_grammars(groups[i], list(zip(run_rows[i, :k[i]].tolist(),
-                                                      run_toks[i, :k[i]].tolist())))
+        starts = (np.cumsum(k) - k).tolist()
+        grammars = [beam_grammars(groups[i], list(zip(local[starts[i]:starts[i] + k[i]].tolist(),
+                                                      tokens[starts[i]:starts[i] + k[i]].tolist())))
                     for i in with_grammar]
         self.memory.follow_beams(groups, offsets + local, tokens)
         for i, grammar in zip(with_grammar, grammars):

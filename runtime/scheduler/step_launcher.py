@@ -44,12 +44,15 @@ if TYPE_CHECKING:
 _OUTPUT_IDS = attrgetter("output_ids")
 _FIRST, _ROWS, _STEPS, _KV_LEN = (itemgetter(0), attrgetter("rows"), attrgetter("steps"),
                                   attrgetter("kv_len"))
+_SLOT = attrgetter("slot")
 
 
-def _buckets(groups: list[BeamGroup]) -> list[tuple[int, int, int]]:
-    """(groups, rows, keep) for each run of groups of one shape (rows, keep)."""
-    return [(len(list(run)), *shape)
-            for shape, run in groupby([(len(g.rows), g.keep) for g in groups])]
+def _buckets(groups: list[BeamGroup]) -> tuple[list[tuple[int, int, int]], tuple[int, ...]]:
+    """(groups, rows, keep) for each run of groups of one shape (rows, keep, num_beams), and
+    each run's num_beams."""
+    runs = [(len(list(run)), shape)
+            for shape, run in groupby([(len(g.rows), g.keep, g.num_beams) for g in groups])]
+    return [(n, rows, keep) for n, (rows, keep, _) in runs], tuple(k for _, (*_, k) in runs)
 
 
 def _reads_history(groups: list[BeamGroup]) -> bool:
@@ -186,11 +189,12 @@ class StepLauncher:
         """The sampler's beam fields: the buckets of equally shaped groups (in the step's
         order), the rows' running scores (the host's, or those `prev` left on the device; the
         host's for groups that join), and, in a decode step, what the device needs to choose
-        the beams of groups past their first step and move their pages (`BeamMoves`)."""
+        the beams of groups past their first step and move their pages (`BeamMoves`), and
+        each group's slot in the device's rules."""
         groups = step.groups
-        buckets = self._buckets_memo(groups)  # (groups, rows, keep) a run of one shape
+        buckets, ks = self._buckets_memo(groups)  # (groups, rows, keep) a run of one shape
+        slots, enter = self._beam_slots(groups)
         rows = sum(n * size for n, size, _ in buckets)
-        pending: int | list[int] = 0
         scores = prev.pending.beam_running_scores if prev is not None else None
         if (scores is not None and step.continuing
                 and not (step.joining and max(step.prev_rows[:rows]) < 0)):
@@ -201,68 +205,61 @@ class StepLauncher:
                 scores = scores[kept.clamp(min=0)]
                 scores = torch.where(kept.view(-1, *([1] * (scores.dim() - 1))) >= 0, scores,
                                      host.view(scores.shape))
-                # (a group's tokens in flight: one if it continues, none if it joins)
-                pending = step.pending_of_groups()
             else:
                 scores = scores[order[:rows]] if order is not None else scores[:rows]
-                pending = 1
         else:
             scores = [s for g in groups for s in g.scores]
         moves = None
         if mode is ForwardMode.DECODE and any(len(g.rows) > 1 for g in groups):
-            moves = self._beam_moves(groups, pending)
-        return SamplingBatch.beam_layout(scores, buckets, self.device, moves)
+            moves = self._beam_moves(groups)
+        return SamplingBatch.beam_layout(scores, buckets, self.device, moves, slots, ks, enter)
 
-    def _beam_moves(self, groups: list[BeamGroup], pending: int | list[int]) -> BeamMoves:
-        """What the device needs to choose the beams of `groups` and move their pages: each
-        group's stop ids and whether its next token is its last, and each row's table row and
-        page split (the groups' fixed columns as at the step before, while they are the
-        same: `_fixed_moves`)."""
+    def _beam_slots(self, groups: list[BeamGroup]) -> tuple[np.ndarray, tuple[tuple, ...]]:
+        """Each group's slot in the device's beam state, and the groups that enter it at this
+        step (their first: no slot yet), with their rule columns, by num_beams."""
+        slots = np.fromiter(map(_SLOT, groups), dtype=object, count=len(groups))
+        new = np.flatnonzero(slots == None)  # noqa: E711 (an object array's None)
+        entering: dict[int, list[BeamGroup]] = {}
+        for i in new.tolist():
+            g = groups[i]
+            g.slot = slots[i] = self.memory.beam_slots.take(g.num_beams)
+            entering.setdefault(g.num_beams, []).append(g)
+        enter = []
+        for k, gs in entering.items():
+            sps = [g.rows[0].sampling_params for g in gs]
+            enter.append((k, [g.slot for g in gs], [g.forced for g in gs],
+                          [sp.max_new_tokens for sp in sps], [sp.early_stopping for sp in sps],
+                          [sp.length_penalty for sp in sps], [tuple(g.stop_ids) for g in gs],
+                          [g.keep for g in gs]))
+        return slots.astype(np.int64), tuple(enter)
+
+    def _beam_moves(self, groups: list[BeamGroup]) -> BeamMoves:
+        """What the device needs to move the pages of `groups`' rows to the beams it chose:
+        each row's table row and page split (the groups' fixed columns as at the step before,
+        while they are the same: `_fixed_moves`)."""
         ps = self.memory.page_size
-        stop_ids, sizes, table_rows, starts, max_beams, max_new = self._moves_memo(groups)
-        # (host lists become tensors through numpy: a fraction of torch.tensor's time on them;
-        # a group's rows are in the beam book, all of one length: its first row read, in C
-        # loops; one not in the book yet, at its first step, has the generated tokens of its
-        # one row's list)
-        heads = list(map(_FIRST, map(_ROWS, groups)))
-        n = len(groups)
-        done = np.fromiter(map(_STEPS, groups), dtype=np.int64, count=n)
-        one = np.flatnonzero(sizes == 1)
-        if one.size:
-            done[one] = [len(heads[i].output_ids) for i in one.tolist()]
-        all_end = done + np.asarray(pending, dtype=np.int64) + 1 >= max_new
-        kv = np.fromiter(map(_KV_LEN, heads), dtype=np.int64, count=n)
-        length = np.repeat(np.where(sizes > 1, kv + 1, 0), sizes)  # (a first step: no move)
+        sizes, table_rows, starts, max_beams = self._moves_memo(groups)
+        # (a group's rows are in the beam book, all of one length: its first row read, in a C
+        # loop; a group at its first step moves nothing)
+        kv = np.fromiter(map(_KV_LEN, map(_FIRST, map(_ROWS, groups))), dtype=np.int64,
+                         count=len(groups))
+        length = np.repeat(np.where(sizes > 1, kv + 1, 0), sizes)
         copy_len = length % ps  # positions written in the last page after this step
         rows = torch.from_numpy(np.stack([table_rows, length - copy_len, copy_len]))
-        copy_width = max(1, int(copy_len.max()))
         rows = rows.to(self.device, non_blocking=True)
-        return BeamMoves(stop_ids, torch.from_numpy(all_end).to(self.device, non_blocking=True),
-                         rows[0], rows[1], rows[2], copy_width, starts, max_beams)
+        return BeamMoves(rows[0], rows[1], rows[2], max(1, int(copy_len.max())), starts,
+                         max_beams)
 
     def _fixed_moves(self, groups: list[BeamGroup]) -> tuple:
-        """The columns of `_beam_moves` that stay while the groups do: stop ids (on the
-        device), row counts, table rows, each group's first row (on the device), most rows."""
-        stop_sets = [g.stop_ids for g in groups]
-        unique = set(stop_sets)
-        width = max(1, max(len(s) for s in unique))
-        if len(unique) == 1:  # (the usual case: one model's EOS)
-            (only,) = unique
-            stop_ids = torch.tensor(sorted(only) + [-1] * (width - len(only)),
-                                    dtype=torch.int64).expand(len(groups), width)
-        else:
-            stop_ids = torch.tensor([sorted(s) + [-1] * (width - len(s)) for s in stop_sets],
-                                    dtype=torch.int64).view(len(groups), width)
+        """The columns of `_beam_moves` that stay while the groups do: row counts, table rows,
+        each group's first row (on the device), most rows."""
         sizes = [len(g.rows) for g in groups]
         table_rows = np.concatenate([g.table_rows if g.table_rows is not None
                                      else np.array([g.rows[0].req_pool_idx], dtype=np.int64)
                                      for g in groups])
         starts = torch.from_numpy(np.array([0] + sizes, dtype=np.int64).cumsum())
-        max_new = np.array([g.rows[0].sampling_params.max_new_tokens for g in groups],
-                           dtype=np.int64)
-        return (stop_ids.contiguous().to(self.device, non_blocking=True),
-                np.array(sizes, dtype=np.int64), table_rows,
-                starts.to(self.device, non_blocking=True), max(sizes), max_new)
+        return (np.array(sizes, dtype=np.int64), table_rows,
+                starts.to(self.device, non_blocking=True), max(sizes))
 
 
 def _generated(reqs: list[Req], groups: list[BeamGroup]) -> np.ndarray | None:

@@ -143,15 +143,6 @@ class StepRows:
                                                                    - self.continuing)
         return [1] * self.continuing + [0] * (len(self.reqs) - self.continuing)
 
-    def pending_of_groups(self) -> list[int]:
-        """Each beam group's tokens on the device not yet read: 1 where it continues the step
-        in flight, 0 where it joins."""
-        out, at = [], 0
-        for g in self.groups:
-            out.append(int(at < self.continuing and self.prev_rows[at] >= 0))
-            at += len(g.rows)
-        return out
-
 
 def lay_out(reqs: list[Req], prev: list[Req | None] | None, order=None) -> StepRows:
     """Order `reqs` for one forward; `prev`: the requests of the step in flight whose sampled
@@ -196,6 +187,7 @@ def beam_order(reqs: list[Req]) -> tuple[list[BeamGroup], list[Req], list[Req]]:
     return groups, [r for g in groups for r in g.rows], [r for r in reqs if r.beam is None]
 
 
-def _shape(g: BeamGroup) -> tuple[int, int]:
-    """A group's bucket in the sampler: (rows, candidates kept)."""
-    return len(g.rows), g.keep
+def _shape(g: BeamGroup) -> tuple[int, int, int]:
+    """A group's bucket in the sampler: (rows, candidates kept, num_beams: at its first step
+    a group has one row, and the device's rules take a bucket of one num_beams)."""
+    return len(g.rows), g.keep, g.num_beams
