@@ -8,6 +8,7 @@ finished hypotheses (scores bit for bit, tokens) and `done` equal at every step.
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -138,3 +139,70 @@ def test_arena_groups_enter_sit_out_and_leave():
         steps += 1
     assert arena.capacity > 8 and steps > 10 and reused
     assert all(g.done for g in ours)
+
+
+KERNEL_DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+@pytest.mark.parametrize("seed,ties", [(0, False), (1, True)])
+def test_rules_kernel_matches_torch_rules(seed, ties):
+    """`kernels/triton_beam_rules.py` (one launch a bucket; Triton's interpreter without a GPU)
+    against `advance` in torch, on arenas that start alike: every group of two buckets
+    (num_beams 3 and 5), groups entering and sitting steps out, until all are done. The
+    packed host entries, the rows' batch parents / tokens / scores and the whole state equal
+    at every step (scores bit for bit); the host's rules agree with both (`follow_device_rules`
+    against `advance_groups`)."""
+    from seq2serve.runtime.executor.beam_rules import BeamState
+
+    rng, nrng = random.Random(seed), np.random.default_rng(seed)
+    made = [make_group(rng, i) for i in range(300)]
+    for k in (3, 5):
+        ours = [g for g in made if g.num_beams == k][:40]
+        ref = {id(g): twin(g) for g in ours}
+        torch_arena, kernel_arena = BeamArena(k, KERNEL_DEVICE), BeamArena(k, KERNEL_DEVICE)
+        for arena in (torch_arena, kernel_arena):
+            arena.enter(list(range(len(ours))), *_columns(ours))
+        slot = {id(g): i for i, g in enumerate(ours)}
+        steps = 0
+        while not all(g.done for g in ours):
+            batch = [g for g in ours if not g.done and rng.random() < 0.8]
+            if not batch:
+                continue
+            width = max(g.keep for g in batch)
+            vals, ids = _padded(nrng, batch, _tied if ties else candidates, width)
+            v = torch.from_numpy(vals).to(KERNEL_DEVICE)
+            f = torch.from_numpy(ids).to(KERNEL_DEVICE)
+            slots = torch.tensor([slot[id(g)] for g in batch], device=KERNEL_DEVICE)
+            n, rows = len(batch) * k, len(batch) * k + 3  # (3 rows before the bucket's)
+            got = []
+            for arena, kernel in ((torch_arena, False), (kernel_arena, True)):
+                ints = torch.full((3, n + 2), -7, dtype=torch.int64, device=KERNEL_DEVICE)
+                floats = torch.full((2, n + 2), -7.0, device=KERNEL_DEVICE)
+                done = torch.zeros(len(batch) + 1, dtype=torch.bool, device=KERNEL_DEVICE)
+                row_out = (torch.full((rows,), -1, dtype=torch.int64, device=KERNEL_DEVICE),
+                           torch.full((rows,), -1, dtype=torch.int64, device=KERNEL_DEVICE),
+                           torch.zeros(rows, device=KERNEL_DEVICE), 3)
+                arena.step_into(slots, v, f, VOCAB, ints, floats, done, 2, 1, row_out,
+                                kernel=kernel)
+                got.append((ints, floats, done, row_out[:3]))
+            (ti, tf, td, tr), (ki, kf, kd, kr) = got
+            assert torch.equal(ti, ki) and torch.equal(td, kd)
+            assert torch.equal(tf, kf)  # bit for bit (-inf and the fill included)
+            assert all(torch.equal(a, b) for a, b in zip(tr, kr))
+            for name in BeamState.__dataclass_fields__:
+                assert torch.equal(getattr(torch_arena.state, name),
+                                   getattr(kernel_arena.state, name)), name
+            refs = [ref[id(g)] for g in batch]
+            want = advance_groups(refs, np.concatenate([vals[i, :g.keep] for i, g in
+                                                        enumerate(batch)]),
+                                  np.concatenate([ids[i, :g.keep] for i, g in
+                                                  enumerate(batch)]), VOCAB)
+            p, t, top, sc, hs = (x[2:2 + n].cpu().numpy() for x in (*ki, *kf))
+            first = follow_device_rules(batch, p, t, sc, top, hs, kd[1:].cpu().numpy(), VOCAB)
+            for g, r, a, b in zip(batch, refs, first.tolist(), want):
+                assert list(zip(p[a:a + k].tolist(), t[a:a + k].tolist())) == b
+                _same(g, r)
+                follow(g, b)
+                follow(r, b)
+            steps += 1
+        assert steps > 3

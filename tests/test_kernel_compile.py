@@ -7,7 +7,7 @@ passes every CPU test and crashes the GPU server. Here a tour drives the runtime
 each dtype under the interpreter -- T5, Llama, Mllama and T5Gemma (sliding windows, soft-capped
 scores) through the scheduler with the Triton backend, the CUDA-only fused ops directly,
 decode and beam-group cross-attention decode with and without split-KV, the beam step's page
-copies, the sampler's top-p threshold and beam candidates -- recording each launch, and
+copies, the sampler's top-p threshold, beam candidates and beam rules -- recording each launch, and
 `kernel_launches.compile_launches` compiles every one (every autotuner config, and with
 programmatic dependent launch on sm_90) with Triton's GPU compiler.
 """
@@ -255,6 +255,27 @@ def _beam_topk_tour(dtype: torch.dtype) -> None:
     beam_topk(logits, scores, [(1, 5, 16)], torch.tensor([0, 3]))
 
 
+def _beam_rules_tour(dtype: torch.dtype) -> None:
+    """HF's beam rules a bucket at a launch (the CUDA sampler's beam steps): 4 beams with one
+    stop id (keep 8), writing the rows' next step, and 16 beams with three (keep 64) at a
+    group's first step; candidates in the tour's dtype (float32 in the runtime)."""
+    from seq2serve.runtime.executor.beam_rules import new_state
+    from seq2serve.runtime.kernels.triton_beam_rules import beam_rules_step
+
+    for k, stops, rows in ((4, (2,), True), (16, (2, 5, 9), False)):
+        keep = max(2, 1 + len(stops)) * k
+        state = new_state(k, [0, 1], [5, 9], [True, "never"], [1.0, 0.5], [stops] * 2,
+                          [keep] * 2)
+        values = torch.randn(2, keep).sort(1, descending=True).values.to(dtype)
+        ids = torch.randint(0, 100 * k, (2, keep))
+        ints, floats = torch.empty(3, 2 * k, dtype=torch.int64), torch.empty(2, 2 * k)
+        done = torch.empty(2, dtype=torch.bool)
+        out = (torch.empty(2 * k, dtype=torch.int64), torch.empty(2 * k, dtype=torch.int64),
+               torch.empty(2 * k), 0) if rows else None
+        beam_rules_step(state, torch.tensor([1, 0]), values, ids, 100, ints, floats, done, 0,
+                        0, out)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     from seq2serve.runtime.tools.demo_checkpoint import (
@@ -298,6 +319,7 @@ def launches(checkpoints) -> list[dict]:
             _top_p_tour(getattr(torch, dtype))
             _race_tour(getattr(torch, dtype))
             _beam_topk_tour(getattr(torch, dtype))
+            _beam_rules_tour(getattr(torch, dtype))
     return recorded
 
 

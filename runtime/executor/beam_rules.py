@@ -199,6 +199,37 @@ class BeamArena:
                 b = torch.nn.functional.pad(b, (0, a.shape[1] - b.shape[1]), value=_FILL[f.name])
             a[idx] = b
 
+    def step_into(self, slots: torch.Tensor, values: torch.Tensor, flat_ids: torch.Tensor,
+                  vocab: int, ints: torch.Tensor, floats: torch.Tensor, done: torch.Tensor,
+                  e0: int, g0: int, rows: tuple | None = None,
+                  kernel: bool | None = None) -> None:
+        """`step`, its results written where the sampler gathers a step's: each group's K
+        entries at columns e0 + g*K.. of `ints` ([3, n]: parent row in the group, token, the
+        top candidate's id) and `floats` ([2, n]: running score, new hypothesis' score or
+        -inf), its `done` at g0 + g; with `rows` = (parents, tokens, scores, row0) its rows'
+        batch parents, next tokens and running scores at row0 + g*K... On CUDA one launch
+        (`kernels/triton_beam_rules.py`; `kernel` forces the choice: tests run it in Triton's
+        interpreter)."""
+        if kernel is None:
+            kernel = values.is_cuda
+        if kernel:
+            from seq2serve.runtime.kernels.triton_beam_rules import beam_rules_step  # (CUDA)
+
+            return beam_rules_step(self.state, slots, values, flat_ids, vocab, ints, floats,
+                                   done, e0, g0, rows)
+        out = self.step(slots, values, flat_ids, vocab)
+        n = out.parents.numel()
+        ints[:, e0:e0 + n] = torch.stack([out.parents, out.tokens, out.top_ids]).view(3, n)
+        floats[:, e0:e0 + n] = torch.stack([out.scores, out.hyp_scores]).view(2, n)
+        done[g0:g0 + out.done.numel()] = out.done
+        if rows is not None:
+            parents, tokens, scores, row0 = rows
+            g, k = out.parents.shape
+            first = row0 + torch.arange(g, device=values.device)[:, None] * k
+            parents[row0:row0 + n] = (first + out.parents).flatten()
+            tokens[row0:row0 + n] = out.tokens.flatten()
+            scores[row0:row0 + n] = out.scores.flatten()
+
     def step(self, slots: torch.Tensor, values: torch.Tensor, flat_ids: torch.Tensor,
              vocab: int) -> BeamChoices:
         """`advance` for the groups of `slots` (the batch's order) from their candidates [G,

@@ -210,26 +210,26 @@ class Sampler:
         device = out.beam_values.device
         parents = torch.arange(rows_total, device=device)
         running = torch.zeros(rows_total, dtype=torch.float32, device=device)
-        ints, floats, done = [], [], []
-        row0 = cand0 = group0 = 0
+        entries = sum(groups * k for (groups, _, _), k in zip(sb.beam_buckets, sb.beam_ks))
+        ints = torch.empty(3, entries, dtype=torch.int64, device=device)
+        floats = torch.empty(2, entries, dtype=torch.float32, device=device)
+        done = torch.empty(sum(g for g, _, _ in sb.beam_buckets), dtype=torch.bool,
+                           device=device)
+        row0 = cand0 = group0 = e0 = 0
         for (groups, rows, keep), k in zip(sb.beam_buckets, sb.beam_ks):
             v = out.beam_values[cand0:cand0 + groups * keep].view(groups, keep)
             f = out.beam_ids[cand0:cand0 + groups * keep].view(groups, keep)
-            step = self.arenas[k].step(sb.beam_slots[group0:group0 + groups], v, f, vocab)
-            if rows > 1:  # (rows == k: the group's rows continue their parents)
-                first = row0 + torch.arange(groups, device=device)[:, None] * rows
-                parents[row0:row0 + groups * rows] = (first + step.parents).flatten()
-                out.next_token_ids[row0:row0 + groups * rows] = step.tokens.flatten()
-                running[row0:row0 + groups * rows] = step.scores.flatten()
-            ints.append(torch.stack([step.parents, step.tokens, step.top_ids]).view(3, -1))
-            floats.append(torch.stack([step.scores, step.hyp_scores]).view(2, -1))
-            done.append(step.done)
+            # (rows == k: the group's rows continue their parents; one row: its first step)
+            self.arenas[k].step_into(sb.beam_slots[group0:group0 + groups], v, f, vocab, ints,
+                                     floats, done, e0, group0,
+                                     (parents, out.next_token_ids, running, row0)
+                                     if rows > 1 else None)
             row0 += groups * rows
             cand0 += groups * keep
             group0 += groups
+            e0 += groups * k
         out.beam_parents, out.beam_running_scores = parents, running
-        out.beam_ints, out.beam_floats = torch.cat(ints, 1), torch.cat(floats, 1)
-        out.beam_done = torch.cat(done)
+        out.beam_ints, out.beam_floats, out.beam_done = ints, floats, done
 
     @staticmethod
     def _sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
