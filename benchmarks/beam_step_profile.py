@@ -87,6 +87,8 @@ def main() -> None:
     host.disable()
     print(f"host, {args.steps} steps:")
     pstats.Stats(host).sort_stats("tottime").print_stats(25)
+    print(f"host, {args.steps} steps, the runtime's functions by time inside them:")
+    pstats.Stats(host).sort_stats("cumtime").print_stats("seq2serve|runtime/", 45)
 
 
 if __name__ == "__main__":
