@@ -70,6 +70,22 @@ def _into_book(m: RequestMemory, groups: list[BeamGroup]) -> None:
         g.steps, g.peak_pages = done, peak
 
 
+def reference_enter(self, group, table_rows, pages, tokens, prefix):
+    """`BeamBook.enter` as it was, one group at a time."""
+    n = len(pages[0])
+    self._fit(pages=n, tokens=1)
+    rows = np.array(table_rows, dtype=np.int64)
+    held = np.array(pages, dtype=np.int64).reshape(len(rows), n)
+    self.pages[rows, :n] = held
+    self.tokens[rows, 0] = tokens
+    own = held[:, prefix:].ravel()
+    np.add.at(self.refs, own, 1)
+    group.table_rows, group.npages, group.steps = rows, n, 1
+    self.version += 1
+    group.held = len(np.unique(own))
+    group.peak_pages = max(group.peak_pages, prefix + group.held)
+
+
 def reference_follow_beams(self, group, choices, length):
     old = group.rows
     if all(p == j for j, (p, _) in enumerate(choices)):
@@ -327,3 +343,33 @@ def test_lay_out_and_rows_ahead_match_reference(seed):
         for p in (prev or [], reqs):
             assert rows_of(rows_ahead(running, p, PS)) == reference_rows_ahead(expanded, p, PS)
     assert joined  # (a group joined beside continuing rows)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_groups_enter_the_book_together_as_one_by_one(seed):
+    """`BeamBook.enter_many` (a wave's first steps at once) leaves the book and the groups
+    (table rows, pages, held pages, peak) as the one-group `enter` it replaced: groups of different
+    page counts and radix-owned prefixes, rows sharing all but a last page or all pages."""
+    rng = random.Random(seed)
+    made = []
+    for _ in range(2):
+        rng.seed(seed)
+        groups = [g for g in make_groups(rng, 30) if len(g.rows) > 1]
+        entries = [(g, [r.req_pool_idx for r in g.rows], [list(r.kv_pages) for r in g.rows],
+                    [rng.randrange(50) for _ in g.rows], g.rows[0].prefix_pages)
+                   for g in groups]
+        made.append((groups, entries))
+    (one, by_one), (many, together) = made
+    a, b = BeamBook(400, 8192, PS), BeamBook(400, 8192, PS)
+    for entry in by_one:
+        reference_enter(a, *entry)
+    b.enter_many(together)
+    assert len({len(e[2][0]) for e in together}) > 1  # (groups of different page counts)
+    assert any(e[4] for e in together)  # (and radix-owned prefixes)
+    assert np.array_equal(a.refs, b.refs) and np.array_equal(a.tokens, b.tokens)
+    for g, h in zip(one, many):
+        assert g.table_rows.tolist() == h.table_rows.tolist()
+        assert (g.npages, g.steps, g.held, g.peak_pages) == (h.npages, h.steps, h.held,
+                                                             h.peak_pages)
+        rows = g.table_rows
+        assert np.array_equal(a.pages[rows, :g.npages], b.pages[rows, :g.npages])

@@ -56,19 +56,46 @@ class BeamBook:
               tokens: list[int], prefix: int) -> None:
         """The group's rows (all of one length, `pages` each, `prefix` of them radix-owned)
         after its first step: row j generated `tokens[j]`."""
-        n = len(pages[0])
-        assert all(len(p) == n for p in pages), "a group's rows hold equally many pages"
-        self._fit(pages=n, tokens=1)
-        rows = np.array(table_rows, dtype=np.int64)
-        held = np.array(pages, dtype=np.int64).reshape(len(rows), n)
-        self.pages[rows, :n] = held
-        self.tokens[rows, 0] = tokens
-        own = held[:, prefix:].ravel()
-        np.add.at(self.refs, own, 1)
-        group.table_rows, group.npages, group.steps = rows, n, 1
+        self.enter_many([(group, table_rows, pages, tokens, prefix)])
+
+    def enter_many(self, entries: list[tuple]) -> None:
+        """`enter` for many groups, (group, table_rows, pages, tokens, prefix) each, in a few
+        array operations (a wave of first steps enters hundreds at once)."""
+        if not entries:
+            return
+        ns = [len(pages[0]) for _, _, pages, _, _ in entries]
+        assert all(len(p) == n for (_, _, pages, _, _), n in zip(entries, ns) for p in pages), \
+            "a group's rows hold equally many pages"
+        width = max(ns)
+        self._fit(pages=width, tokens=1)
+        sizes = np.array([len(rows) for _, rows, _, _, _ in entries], dtype=np.int64)
+        rows = np.fromiter((r for _, t, _, _, _ in entries for r in t), dtype=np.int64,
+                           count=int(sizes.sum()))
+        held = np.zeros((len(rows), width), dtype=np.int64)  # (columns past a group's n: 0)
+        at = 0
+        for (_, _, pages, _, _), n in zip(entries, ns):
+            held[at:at + len(pages), :n] = pages
+            at += len(pages)
+        self.pages[rows, :width] = held
+        self.tokens[rows, 0] = [t for _, _, _, tokens, _ in entries for t in tokens]
+        group_of = np.repeat(np.arange(len(entries)), sizes)
+        cols = np.arange(width)[None, :]
+        first = np.array([prefix for *_, prefix in entries], dtype=np.int64)[group_of]
+        last = np.array(ns, dtype=np.int64)[group_of]
+        own = (cols >= first[:, None]) & (cols < last[:, None])
+        flat = held[own]  # (row by row)
+        np.add.at(self.refs, flat, 1)
+        # each group's distinct own pages (different groups' own pages are distinct)
+        _, firsts = np.unique(flat, return_index=True)
+        counts = np.bincount(np.repeat(group_of, own.sum(1))[firsts], minlength=len(entries))
+        start = np.cumsum(sizes) - sizes
+        for (group, _, _, _, prefix), n, a, b, h in zip(entries, ns, start.tolist(),
+                                                        (start + sizes).tolist(),
+                                                        counts.tolist()):
+            group.table_rows, group.npages, group.steps = rows[a:b], n, 1
+            group.held = h
+            group.peak_pages = max(group.peak_pages, prefix + h)
         self.version += 1
-        group.held = len(np.unique(own))
-        group.peak_pages = max(group.peak_pages, prefix + group.held)
 
     def leave(self, group: BeamGroup, prefix: int) -> list[int]:
         """The group's pages past `prefix` (each once), which it no longer holds: the caller

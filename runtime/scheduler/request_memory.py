@@ -198,13 +198,14 @@ class RequestMemory:
         group enters the beam book. The device work of all groups is done in a few batched
         copies. Returns the groups left unchanged because the pool had no room for their
         copies."""
-        plan = _DeviceCopies()
-        failed = [g for g, choices in steps if not self._first_step(g, choices, plan)]
+        plan, entries = _DeviceCopies(), []
+        failed = [g for g, choices in steps if not self._first_step(g, choices, plan, entries)]
+        self.beam_book.enter_many(entries)  # (all the groups' books in a few array operations)
         plan.apply(self.req_to_token, self.token_to_kv)
         return failed
 
     def _first_step(self, group: BeamGroup, choices: list[tuple[int, int]],
-                    plan: _DeviceCopies) -> bool:
+                    plan: _DeviceCopies, entries: list) -> bool:
         (head,) = group.rows
         assert all(p == 0 for p, _ in choices), "a first step continues the one row"
         ps, length = self.page_size, head.kv_len
@@ -225,8 +226,8 @@ class RequestMemory:
                 own[-1] = page
             pages.append(own)
         group.rows = rows
-        self.beam_book.enter(group, [r.req_pool_idx for r in rows], pages,
-                             [token for _, token in choices], head.prefix_pages)
+        entries.append((group, [r.req_pool_idx for r in rows], pages,
+                        [token for _, token in choices], head.prefix_pages))
         for row in rows:
             row.kv_len = length
             row.kv_pages = BookPages(self.beam_book, row.req_pool_idx, group)
