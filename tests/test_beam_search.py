@@ -315,6 +315,30 @@ def test_abort_frees_a_beam_request_midway(beam_t5):
     assert sched.memory.req_to_token.num_free == sched.memory.req_to_token.size
 
 
+def test_a_group_in_an_aborted_groups_slot_starts_fresh(beam_t5):
+    """The device rules' slot of a beam group aborted midway (early_stopping True, stop ids:
+    its hypotheses and flags are set by then) is taken by the next group of its num_beams,
+    which must start from a clean state: its results are HF's."""
+    tok = load_tokenizer(beam_t5)
+    a, b = (tok(s).input_ids for s in SOURCES[:2])
+    sched = make_scheduler(beam_t5, page_size=4)
+    sched.add_request(beam_request("a", a, 3, 1, 1.0, True, 0, {}))
+    for _ in range(6):
+        sched.step()
+    (group,) = {r.beam for r in sched.running}
+    slot = group.slot
+    assert slot is not None
+    sched.abort_request("a")
+    sched.add_request(beam_request("b", b, 3, 2, 0.5, True, 0, {}))
+    sched.step()
+    (group,) = {r.beam for r in sched.running}
+    assert group.slot == slot  # (the lowest free one: the aborted group's)
+    outs = run(sched)
+    for rid, (tokens, score) in zip(["b", "b-1"], hf_beams(beam_t5, b, 3, 2, 0.5, True, 0, {})):
+        assert outs[rid][0] == tokens, rid
+        assert outs[rid][1]["beam_score"] == pytest.approx(score, abs=1e-4), rid
+
+
 def test_memory_pressure_retracts_beams_and_gives_the_same_results(beam_t5):
     tok = load_tokenizer(beam_t5)
     sources = [tok(s).input_ids for s in SOURCES[:6]]
