@@ -183,9 +183,10 @@ def _gc(r: dict) -> str:
     """The scheduler's collector pauses in the run, where reported."""
     if not r.get("gc_pause_ms"):
         return ""
-    idle = r.get("gc_scheduled_full_passes", 0)
+    ran = r.get("gc_scheduled_full_passes", 0)
     return (f", collector pauses {sum(r['gc_pause_ms']):.0f} ms"
-            + (f" ({idle} full pass{'es' if idle > 1 else ''} on going idle)" if idle else ""))
+            + (f" ({ran} of them the scheduler's own full pass{'es' if ran > 1 else ''})"
+               if ran else ""))
 
 
 def _offline(args) -> dict:

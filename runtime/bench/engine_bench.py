@@ -90,7 +90,8 @@ def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: in
             "host_waiting_share": device_bound,
             # the scheduler process's garbage-collector pauses in the run (ms; gen 0, 1, 2)
             "gc_pause_ms": _gc_delta(before, after),
-            # of them, full passes the scheduler ran on going idle (after the run's last step)
+            # of them, full passes the scheduler ran itself (memory/collector.py: on going
+            # idle, as after the run's last step, or every --gc-full-pass-interval seconds)
             "gc_scheduled_full_passes": (after.get("gc_scheduled_full_passes", 0)
                                          - before.get("gc_scheduled_full_passes", 0)),
             "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3, "ttft_p99_ms":
