@@ -96,7 +96,7 @@ class SamplingBatch:
         scores, from the host's books or (a step ahead of them) the device's last choice;
         `slots`, `ks`, `enter`: the device rules' fields (`beam_slots`, ...)."""
         if not isinstance(scores, torch.Tensor):
-            scores = torch.tensor(scores, dtype=torch.float32).to(device)
+            scores = torch.tensor(scores, dtype=torch.float32).to(device, non_blocking=True)
         if slots is not None:
             slots = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(device,
                                                                            non_blocking=True)
@@ -181,12 +181,13 @@ class SamplingBatch:
             penalty_ids=padded([r.fill_ids if sp.repetition_penalty != 1.0 else []
                                 for r, sp in zip(reqs, sps)]) if penalized else None,
             output_counts_ids=padded([r.output_ids for r in reqs]) if penalized else None,
-            banned_rows=torch.tensor(banned_rows, dtype=torch.int64).to(device)
+            banned_rows=torch.tensor(banned_rows, dtype=torch.int64).to(device, non_blocking=True)
             if banned_rows else None,
-            banned_cols=torch.tensor(banned_cols, dtype=torch.int64).to(device)
+            banned_cols=torch.tensor(banned_cols, dtype=torch.int64).to(device, non_blocking=True)
             if banned_rows else None,
-            forced_rows=torch.from_numpy(forced).to(device) if forced.size else None,
-            forced_ids=torch.tensor(forced_eos, dtype=torch.int64).to(device)
+            forced_rows=(torch.from_numpy(forced).to(device, non_blocking=True)
+                         if forced.size else None),
+            forced_ids=torch.tensor(forced_eos, dtype=torch.int64).to(device, non_blocking=True)
             if forced.size else None,
             grammar_rows=list(grammar[0]) if grammar else None,
             grammar_mask=grammar[1].to(device, non_blocking=True)

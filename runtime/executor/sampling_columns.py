@@ -104,7 +104,7 @@ class FixedColumns:
             temperatures=col(cols.row(cols.temperatures, np.float32)),
             greedy=torch.from_numpy(greedy).to(device, non_blocking=True),
             all_greedy=bool(greedy.all()),
-            top_ks=torch.from_numpy(top_ks).to(device)
+            top_ks=torch.from_numpy(top_ks).to(device, non_blocking=True)
             if (top_ks < vocab_size).any() else None,
             top_ps=col(cols.row(cols.top_ps, np.float32))
             if any(p < 1.0 for p in cols.top_ps) else None,

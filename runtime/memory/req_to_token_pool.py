@@ -36,7 +36,7 @@ class ReqToTokenPool:
         if self.log is not None:
             self.log.record("req_to_token", "write", table, row, values)
         t = getattr(self, table)
-        t[row, : values.numel()] = values.to(t.device)
+        t[row, : values.numel()] = values.to(t.device, non_blocking=True)
 
     def write_rows(self, table: str, rows: list[int], values: list[torch.Tensor]) -> None:
         """`write(table, rows[i], values[i])` for every i, as one copy to the device and one
@@ -49,9 +49,11 @@ class ReqToTokenPool:
         lengths = np.fromiter(map(torch.Tensor.numel, values), dtype=np.int64, count=len(rows))
         starts = np.cumsum(lengths) - lengths
         cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-        # (row, column, value) of every entry, one host tensor: one copy to the device
+        # (row, column, value) of every entry, one host tensor: one copy to the device, which
+        # does not wait for the step in flight (a blocking copy synchronizes the stream)
         packed = torch.stack([torch.from_numpy(np.repeat(np.asarray(rows), lengths)),
-                              torch.from_numpy(cols), torch.cat(values).long()]).to(t.device)
+                              torch.from_numpy(cols), torch.cat(values).long()])
+        packed = packed.to(t.device, non_blocking=True)
         t[packed[0], packed[1]] = packed[2].to(t.dtype)
 
     def copy_rows(self, table: str, src: list[int], dst: list[int]) -> None:
