@@ -50,12 +50,49 @@ PHASES = [
 ]
 
 
-def time_phases() -> tuple[dict[str, float], dict[str, int]]:
-    """Wraps PHASES' functions with real-time timers: (label -> seconds, label -> calls)."""
+# (module, attribute path, label): the steady step's parts, `--steady` (a module-level
+# function is replaced wherever it was imported by name)
+STEADY = [
+    ("seq2serve.runtime.scheduler.step_plan", "rows_ahead", "rows_ahead"),
+    ("seq2serve.runtime.scheduler.step_launcher", "StepLauncher.launch", "StepLauncher.launch"),
+    ("seq2serve.runtime.scheduler.step_launcher", "StepLauncher._beam_layout",
+     "  of it _beam_layout"),
+    ("seq2serve.runtime.scheduler.step_launcher", "StepLauncher._sampling", "  of it _sampling"),
+    ("seq2serve.runtime.scheduler.schedule_batch", "decode_batch", "  of it decode_batch"),
+    ("seq2serve.runtime.scheduler.schedule_batch", "_beam_columns", "    of it _beam_columns"),
+    ("seq2serve.runtime.scheduler.request_memory", "RequestMemory.alloc_beam_next",
+     "      of it alloc_beam_next"),
+    ("seq2serve.runtime.executor.model_runner", "ModelRunner.forward", "  of it forward"),
+    ("seq2serve.runtime.executor.sampler", "Sampler.__call__", "    of it the sampler"),
+    ("seq2serve.runtime.scheduler.beam_search", "follow_device_rules", "follow_device_rules"),
+    ("seq2serve.runtime.scheduler.request_memory", "RequestMemory.follow_beams", "follow_beams"),
+    ("seq2serve.runtime.scheduler.beam_book", "BeamBook.follow", "  of it BeamBook.follow"),
+]
+
+
+def time_phases(steady: bool = False) -> tuple[dict[str, float], dict[str, int]]:
+    """Wraps PHASES' functions (and STEADY's) with real-time timers: (label -> seconds, label
+    -> calls)."""
+    import importlib
+
     spent: dict[str, float] = {label: 0.0 for _, _, label in PHASES}
     calls: dict[str, int] = {label: 0 for _, _, label in PHASES}
     for owner, attr, label in PHASES:
         setattr(owner, attr, timer(getattr(owner, attr), label, spent, calls))
+    for module, path, label in STEADY if steady else ():
+        owner = importlib.import_module(module)
+        *outer, attr = path.split(".")
+        for name in outer:
+            owner = getattr(owner, name)
+        fn = getattr(owner, attr)
+        wrapped = timer(fn, label, spent, calls)
+        spent[label], calls[label] = 0.0, 0
+        if outer:
+            setattr(owner, attr, wrapped)
+        else:  # (and in every module that imported it by name)
+            for m in list(sys.modules.values()):
+                if getattr(m, attr, None) is fn:
+                    setattr(m, attr, wrapped)
     return spent, calls
 
 
@@ -123,6 +160,7 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="a bench shape (default: a tiny BART)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--steady", action="store_true", help="with --phases: the steady step's parts")
     ap.add_argument("--context-length", type=int, default=256, help="0: the model's")
     ap.add_argument("--arrive", type=int, default=0, help="requests added a step (0: all first)")
     ap.add_argument("--freeze-first", action="store_true")
@@ -137,7 +175,7 @@ def main() -> None:
     if a.device == "cuda":
         import torch
         sync = torch.cuda.synchronize
-    spent, calls = time_phases() if a.phases else ({}, {})
+    spent, calls = time_phases(a.steady) if a.phases else ({}, {})
     kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync,
                        a.context_length or None, a.arrive, a.freeze_first)
     for kind, times in kinds.items():

@@ -74,9 +74,25 @@ def test_cli_with_workers_and_compare_offline(server, tmp_path, capsys):
     assert off["model_path"] == str(default_demo_path()) and off["output_tokens"] == 4 * 5
     assert res["server_over_offline"] == pytest.approx(
         res["output_tokens_per_s"] / off["output_tokens_per_s"])
+    assert off["scheduler"]["forwards_by_mode"]["decode"] > 0  # (the engine's own window)
+    assert off["scheduler"]["encoder_inputs"] == 4
     out = capsys.readouterr().out
     assert "server / offline" in out and "warm-up (not in the figures below): 2/2" in out
+    assert "server during the load: " in out and "offline engine's scheduler: " in out
     assert res["warmup"]["completed"] == 2  # the default: one round of --concurrency
+
+
+def test_the_servers_side_of_the_load_comes_with_the_figures(server):
+    """`server`: the scheduler's counters over the load (/debug/stats before and after): the
+    load's encoder inputs (prompts no earlier test sent) and its forwards, by mode."""
+    res = measure(server.url, 4, 6, 5, 2, None, seed=41)
+    s = res["server"]
+    assert s["encoder_inputs"] == 4
+    assert sum(s["forwards_by_mode"].values()) == s["forwards"]
+    # 5 tokens each, at most 2 requests at once: at least 2 rounds of 4 decode steps
+    assert 8 <= s["forwards_by_mode"]["decode"] <= 4 * 5
+    assert s["seconds"] >= res["seconds"] * 0.5 and s["step_ms"] > 0
+    assert s["device_busy_ms_per_step"] == 0.0  # (no CUDA events on the CPU)
 
 
 def _generated_tokens(url: str) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from seq2serve.runtime.bench.step_stats import gc_delta, step_times
 from seq2serve.runtime.bench.workload import BenchRequest
 
 
@@ -83,13 +84,13 @@ def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: in
     engine.flush_cache()
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens, **kv,
             "output_ids": [o["output_ids"] for o in outs],
-            "decode_steps": steps, **_step_times(before, after, elapsed, steps),
+            "decode_steps": steps, **step_times(before, after, elapsed, steps),
             "encoder_seconds": after["encoder_seconds"] - before["encoder_seconds"],
             # inputs the encoder ran on (not served from its cache): the encoder's FLOPs
             "encoder_inputs": after["encoder_inputs"] - before["encoder_inputs"],
             "host_waiting_share": device_bound,
             # the scheduler process's garbage-collector pauses in the run (ms; gen 0, 1, 2)
-            "gc_pause_ms": _gc_delta(before, after),
+            "gc_pause_ms": gc_delta(before, after),
             # of them, full passes the scheduler ran itself (memory/collector.py: on going
             # idle, as after the run's last step, or every --gc-full-pass-interval seconds)
             "gc_scheduled_full_passes": (after.get("gc_scheduled_full_passes", 0)
@@ -98,25 +99,9 @@ def time_engine(engine, reqs: list[BenchRequest], output_len: int, num_beams: in
             ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1e3}
 
 
-def _gc_delta(before: dict, after: dict) -> list[float]:
-    """Collector pause time per generation between two `stats()` (empty where not reported:
-    an engine without a scheduler process of its own)."""
-    b, a = before.get("gc_pause_total_ms"), after.get("gc_pause_total_ms")
-    return [round(y - x, 2) for x, y in zip(b, a)] if a and b else []
-
-
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
-
-
-def _step_times(before: dict, after: dict, elapsed: float, steps: int) -> dict:
-    """Per forward: the wall time, and the device's busy time (CUDA events; 0 on a CPU).
-    Their gap is time the device sat idle, waiting for the host."""
-    device = after["device_busy_seconds"] - before["device_busy_seconds"]
-    return {"step_ms": 1e3 * elapsed / max(steps, 1),
-            "device_busy_ms_per_step": 1e3 * device / max(steps, 1),
-            "device_busy_share": device / elapsed if elapsed else 0.0}
 
 
 def bench_one_batch(engine, reqs: list[BenchRequest], output_len: int) -> dict:
@@ -134,4 +119,4 @@ def bench_one_batch(engine, reqs: list[BenchRequest], output_len: int) -> dict:
     steps = after["forwards"] - before["forwards"]
     return {"batch_size": len(reqs),
             "ttft_ms": max(o["meta_info"]["scheduler_ttft"] for o in outs) * 1e3,
-            "ms_per_token": max(per_token) * 1e3, **_step_times(before, after, elapsed, steps)}
+            "ms_per_token": max(per_token) * 1e3, **step_times(before, after, elapsed, steps)}

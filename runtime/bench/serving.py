@@ -17,8 +17,10 @@ own figures are reported apart (`warmup`), so a cold start stays visible."""
 from __future__ import annotations
 
 import json
+import time
 
 from seq2serve.runtime.bench.serving_load import LoadSpec, make_prompts
+from seq2serve.runtime.bench.step_stats import describe, window
 from seq2serve.runtime.bench.workload import wav_clips
 
 
@@ -93,9 +95,25 @@ def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
                              output_len, warmup, None, api_key, seed, num_beams=num_beams,
                              progress=False)
         warm = run_workers(warm_spec, 1)
+    before, start = server_stats(base_url, api_key), time.perf_counter()
     res = run_workers(spec, workers)
+    after, elapsed = server_stats(base_url, api_key), time.perf_counter() - start
+    # (the scheduler's side of the load: None where the server does not answer /debug/stats)
+    server = window(before, after, elapsed) if before and after else None
     return res | {"concurrency": concurrency, "rate": rate, "num_beams": num_beams,
-                  "audio_seconds": audio_seconds, "warmup": warm}
+                  "audio_seconds": audio_seconds, "warmup": warm, "server": server}
+
+
+def server_stats(base_url: str, api_key: str | None = None) -> dict | None:
+    """The server's scheduler counters (/debug/stats), or None if it does not answer them."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/debug/stats", headers=headers, timeout=30)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
 
 
 def warmup_count(num_requests: int, concurrency: int | None, rate: float | None) -> int:
@@ -122,6 +140,8 @@ def _serving(args) -> dict:
         print(f"warm-up (not in the figures below): {w['completed']}/{w['requests']} requests "
               f"in {w['seconds']:.2f} s", flush=True)
     print_summary(res)
+    if res["server"]:
+        print(f"server during the load: {describe(res['server'])}", flush=True)
     if args.compare_offline:
         from seq2serve.runtime.bench.serving_offline import compare_offline
 
@@ -136,6 +156,8 @@ def _serving(args) -> dict:
                                       / res["offline"]["output_tokens_per_s"])
         print(f"offline engine: {res['offline']['output_tokens_per_s']:.1f} output tok/s; "
               f"server / offline: {res['server_over_offline']:.2f}x", flush=True)
+        print(f"offline engine's scheduler: {describe(res['offline']['scheduler'])}",
+              flush=True)
     print(json.dumps(res, indent=2), flush=True)
     return res
 

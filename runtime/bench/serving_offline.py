@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from seq2serve.runtime.bench.step_stats import window
+
 
 def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len: int,
                     concurrency: int | None, engine_args: dict, num_beams: int = 1,
@@ -43,10 +45,11 @@ def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len:
             engine.generate(**inputs(prompts[:2]), sampling_params={
                 **sp, "max_new_tokens": 2, "min_new_tokens": 0})
         engine.flush_cache()
-        start = time.perf_counter()
+        before, start = engine.stats(), time.perf_counter()
         outs = engine.generate(**inputs(prompts), sampling_params=sp)
         seconds = time.perf_counter() - start
+        scheduler = window(before, engine.stats(), seconds)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {"model_path": info["model_path"], "engine_args": opts, "seconds": seconds,
             "output_tokens": tokens, "output_tokens_per_s": tokens / seconds,
-            "requests_per_s": len(outs) / seconds}
+            "requests_per_s": len(outs) / seconds, "scheduler": scheduler}
