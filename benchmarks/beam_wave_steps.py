@@ -67,6 +67,10 @@ STEADY = [
     ("seq2serve.runtime.scheduler.beam_search", "follow_device_rules", "follow_device_rules"),
     ("seq2serve.runtime.scheduler.request_memory", "RequestMemory.follow_beams", "follow_beams"),
     ("seq2serve.runtime.scheduler.beam_book", "BeamBook.follow", "  of it BeamBook.follow"),
+    # (what a batch that changes adds: encoder passes, the first steps' page copies)
+    ("seq2serve.encoders.encoder_stage", "EncoderStage.run", "EncoderStage.run"),
+    ("seq2serve.runtime.scheduler.request_memory", "_DeviceCopies.apply",
+     "first steps' device copies"),
 ]
 
 
