@@ -286,6 +286,52 @@ def test_beam_steps_ahead_of_the_host_on_the_gpu(t5_checkpoints):
     assert {r: v[0] for r, v in ahead_bf16.items()} == {r: v[0] for r, v in sync.items()}
 
 
+def test_a_changing_batch_never_waits_for_the_device(t5_checkpoints):
+    """A served load changes the batch nearly every step (requests finish, others arrive and
+    are encoded, beam groups take their first step): the host builds and launches each step,
+    encodes the new inputs and spawns the groups' rows without waiting for the step in flight
+    (torch's sync debug mode raises on any synchronizing operation inside them: a blocking
+    upload, a CUDA tensor indexed by host lists, a count read back). The same workload runs
+    once unguarded first, so that compiling and autotuning (which time kernels) are done."""
+    path = t5_checkpoints["t5_relu_untied"]
+    tok = load_tokenizer(path)
+    sources = [tok(s).input_ids for s in SOURCES]
+
+    def run(guard: bool) -> dict[str, int]:
+        sched = make_scheduler(path, device="cuda", dtype="bfloat16", attention_backend="triton",
+                               page_size=4)
+        calls = {"launch": 0, "reorder_beams": 0, "encode": 0}
+
+        def strict(fn, name):
+            def guarded(*args, **kwargs):
+                calls[name] += 1
+                torch.cuda.set_sync_debug_mode("error" if guard else 0)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            return guarded
+
+        sched.launcher.launch = strict(sched.launcher.launch, "launch")
+        sched.memory.reorder_beams = strict(sched.memory.reorder_beams, "reorder_beams")
+        sched.encoder_stage.run = strict(sched.encoder_stage.run, "encode")
+        n = 0
+        while n < 24 or sched.has_work:
+            if n < 24 and sched.forwards.get("decode", 0) >= n:  # (a request about each step)
+                ids = sources[n % len(sources)]
+                sp = {"max_new_tokens": 4 + n % 7, "ignore_eos": True}
+                if n % 2 == 0:
+                    sp["num_beams"] = 2 + n % 4 // 2
+                sched.add_request(request(f"r{n}", ids, **sp))
+                n += 1
+            sched.step()
+        return calls
+
+    run(guard=False)
+    calls = run(guard=True)
+    assert calls["launch"] > 24 and calls["reorder_beams"] > 0 and calls["encode"] > 0, calls
+
+
 @pytest.mark.parametrize("family", ["marian", "nllb", "mbart"])
 def test_bart_family_matches_hf_with_graphs_in_float32(tmp_path, family):
     """The BART family on the Triton backend with CUDA graphs (biased GEMV / skinny GEMM,

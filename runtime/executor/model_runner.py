@@ -184,7 +184,9 @@ class ModelRunner:
             started.record()
         fb = to_forward_batch(b, self.device, self.pools, self.attn_backend)
         # record where each new token's K/V goes, once for the whole batch
-        rows = fb.req_pool_indices.repeat_interleave(fb.extend_lens.long())
+        # (the output's length given: a repeat_interleave left to count it reads the device)
+        rows = fb.req_pool_indices.repeat_interleave(fb.extend_lens.long(),
+                                                     output_size=fb.positions.shape[0])
         self.req_to_token_pool.req_to_token[rows, fb.positions] = fb.out_cache_loc.int()
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)

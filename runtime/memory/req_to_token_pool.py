@@ -61,14 +61,19 @@ class ReqToTokenPool:
         if self.log is not None:
             self.log.record("req_to_token", "copy_rows", table, src, dst)
         t = getattr(self, table)
-        t[dst] = t[src]
+        # (indices uploaded without waiting: a CUDA tensor indexed by host lists copies them
+        # with a blocking copy, which waits for the step in flight)
+        idx = torch.tensor([src, dst], dtype=torch.int64).to(t.device, non_blocking=True)
+        t[idx[1]] = t[idx[0]]
 
     def scatter(self, rows: list[int], positions: list[int], slots: list[int]) -> None:
         """req_to_token[rows[i], positions[i]] = slots[i]."""
         if self.log is not None:
             self.log.record("req_to_token", "scatter", rows, positions, slots)
-        self.req_to_token[rows, positions] = torch.tensor(slots, dtype=torch.int32,
-                                                          device=self.req_to_token.device)
+        t = self.req_to_token
+        packed = torch.tensor([rows, positions, slots], dtype=torch.int64).to(t.device,
+                                                                              non_blocking=True)
+        t[packed[0], packed[1]] = packed[2].to(t.dtype)
 
     @property
     def num_free(self) -> int:

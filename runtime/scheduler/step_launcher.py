@@ -116,7 +116,11 @@ class StepLauncher:
         if rows.continuing:
             input_ids = prev.pending.next_token_ids
             if rows.prev_rows != list(range(len(prev.batch.reqs))):
-                order = torch.tensor(rows.prev_rows, device=input_ids.device)
+                # (a copy that does not wait for the step in flight: a blocking one, as
+                # torch.tensor(..., device=) makes, synchronizes the stream on every step whose
+                # batch changed, which a served load's steps nearly all are)
+                order = torch.tensor(rows.prev_rows, dtype=torch.int64).to(input_ids.device,
+                                                                            non_blocking=True)
                 # (the rows of joining beam groups, -1: their tokens come from the host)
                 input_ids = input_ids[order.clamp(min=0) if rows.joining else order]
         pending = rows.pending

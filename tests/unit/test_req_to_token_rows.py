@@ -34,3 +34,19 @@ def test_write_rows_is_one_record_replayed_alike():
     assert [r[1] for r in records] == ["write_rows"]
     replay(records, {"req_to_token": rank1})
     assert torch.equal(rank0.req_to_token, rank1.req_to_token)
+
+
+def test_copy_rows_and_scatter_as_indexed_writes_of_host_lists():
+    """`copy_rows` (the gather before the scatter: rows may swap) and `scatter` write what
+    the plain indexing they replaced wrote (their indices now go up in one upload)."""
+    pool = ReqToTokenPool(6, 8, 4, "cpu")
+    pool.req_to_token.copy_(torch.arange(7 * 8, dtype=torch.int32).view(7, 8))
+    want = pool.req_to_token.clone()
+    want[[1, 0, 4]] = want[[0, 1, 2]].clone()
+    pool.copy_rows("req_to_token", [0, 1, 2], [1, 0, 4])
+    assert torch.equal(pool.req_to_token, want)
+    want[[3, 3, 5], [0, 7, 2]] = torch.tensor([9, 8, 7], dtype=torch.int32)
+    pool.scatter([3, 3, 5], [0, 7, 2], [9, 8, 7])
+    assert torch.equal(pool.req_to_token, want)
+    pool.scatter([], [], [])  # (no fixes: nothing written)
+    assert torch.equal(pool.req_to_token, want)
