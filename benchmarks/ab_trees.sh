@@ -8,7 +8,9 @@
 #                e.g. run 2 -- bench offline --shape opus-mt --num-requests 8192 --num-beams 4 ...
 #                Each round runs the base, then the working tree; `--json` is added per run
 #                ($OUT/ab_<tree>_<round>.json) and each run's "tok/s" lines are printed.
-#                `SCRIPT=benchmarks/x.py` runs that script of each tree instead of the cli.
+#                `SCRIPT=benchmarks/x.py` runs that script of each tree instead of the cli;
+#                `SCRIPT=benchmarks/x.sh` (e.g. serving_vs_offline.sh: a server of each tree in
+#                turn) runs it with bash from each tree, its $OUT at $out/<tree>_<round>.
 cd "$(dirname "$0")/.." || exit 1
 case $1 in
 prepare)
@@ -21,6 +23,7 @@ run)
     rounds=${2:-2}; shift 2; [ "$1" = "--" ] && shift
     source benchmarks/gpu_setup.sh >/dev/null 2>&1
     ln -sfn "$PWD/models/assets" .ab/base/models/assets
+    [ -e .ab/base/.whl ] || ln -s "$PWD/.whl" .ab/base/.whl
     mkdir -p /tmp/pkg_base && ln -sfn "$PWD/.ab/base" /tmp/pkg_base/seq2serve
     out=${OUT:-/tmp/ab}; mkdir -p "$out"
     nvidia-smi --query-gpu=name --format=csv,noheader
@@ -29,7 +32,13 @@ run)
             path=/tmp/pkg:/tmp/site; root=.
             [ $tree = base ] && path=/tmp/pkg_base:/tmp/site && root=.ab/base
             echo "== $tree $i"
-            if [ -n "$SCRIPT" ]; then
+            if [ -n "${SCRIPT%.sh}" ] && [ "$SCRIPT" != "${SCRIPT%.sh}" ]; then
+                # (a shell script sources gpu_setup.sh from its tree: the package and the
+                # wheels are that tree's; its files go to $out/<tree>_<round>/)
+                mkdir -p "$out/${tree}_$i"
+                OUT="$out/${tree}_$i" bash "$root/$SCRIPT" "$@" > "$out/ab_${tree}_$i.txt" 2>&1
+                tail -25 "$out/ab_${tree}_$i.txt"
+            elif [ -n "$SCRIPT" ]; then
                 PYTHONPATH=$path python3 "$root/$SCRIPT" "$@" > "$out/ab_${tree}_$i.txt" 2>&1
                 tail -25 "$out/ab_${tree}_$i.txt"
             else
