@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 
 from seq2serve.runtime.config.sampling_params import SamplingParams
-from seq2serve.runtime.scheduler.beam_search import BeamGroup, Hypothesis, advance_groups
+from seq2serve.runtime.scheduler.beam_search import BeamGroup, Hypothesis
 from seq2serve.runtime.scheduler.req import Req
+from seq2serve.tests.beam_host_rules import advance_groups
 
 _NEG = np.float32(-1.0e9)
 VOCAB = 7  # small: stop tokens come up often
 
 
 def reference_advance(self: BeamGroup, values, flat_ids, vocab):
-    """`BeamGroup.advance` as it was, one group at a time."""
+    """HF's rules for one group, one candidate at a time (as `BeamGroup.advance` was)."""
     sp = self.rows[0].sampling_params
     k, lp = sp.num_beams, sp.length_penalty
     n = len(self.rows[0].output_ids) + 1
@@ -132,7 +133,7 @@ def test_advance_is_advance_groups_of_one():
         t = twin(g)
         while not g.done:
             v, f = candidates(nrng, g)
-            choices = g.advance(v, f, VOCAB)
+            [choices] = advance_groups([g], v, f, VOCAB)
             assert choices == reference_advance(t, v, f, VOCAB)
             assert (g.scores, g.done, g.improvable) == (t.scores, t.done, t.improvable)
             follow(g, choices)

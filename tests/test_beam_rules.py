@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from seq2serve.runtime.executor.beam_rules import BeamArena, advance, new_state
-from seq2serve.runtime.scheduler.beam_search import advance_groups, follow_device_rules
+from seq2serve.runtime.scheduler.beam_search import follow_device_rules
+from seq2serve.tests.beam_host_rules import advance_groups
 from seq2serve.tests.test_beam_advance import VOCAB, candidates, follow, make_group, twin
 
 

@@ -10,7 +10,7 @@ table the host fills once per group with Python's float power (`BeamState.powers
 float32(x ** length_penalty)); ties are broken as there (a running beam: the best candidates
 that do not stop, in rank order; a finished hypothesis: the ones kept before the new ones, the
 new ones in rank order). `tests/test_beam_rules.py` checks it against the host's rules
-(`scheduler/beam_search.py: advance_groups`), which are checked against HF.
+(`tests/beam_host_rules.py: advance_groups`), which are checked against HF.
 
 `BeamArena` keeps the state of the groups of one num_beams in slots the scheduler hands out
 (`scheduler/beam_slots.py`): a group enters at its first beam step and its slot is taken again

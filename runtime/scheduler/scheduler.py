@@ -46,11 +46,7 @@ from seq2serve.runtime.messages.io_struct import (
     token_outputs,
 )
 from seq2serve.runtime.messages.model_limits import ModelLimits
-from seq2serve.runtime.scheduler.beam_search import (
-    BeamGroup,
-    follow_device_rules,
-    forget_rules,
-)
+from seq2serve.runtime.scheduler.beam_search import BeamGroup, follow_device_rules
 from seq2serve.runtime.scheduler.grammar_compiles import GrammarCompiles
 from seq2serve.runtime.scheduler.grammar_rows import (
     DEAD_END,
@@ -74,9 +70,16 @@ from seq2serve.runtime.scheduler.step_plan import (
 )
 
 logger = logging.getLogger(__name__)
+
 # a beam group's rows, its first row, a request's finish (C-loop getters)
 _ROWS = attrgetter("rows")
 _FIRST, _REASON = itemgetter(0), attrgetter("finished_reason")
+
+
+def _entries(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices starts[i], ..., starts[i] + counts[i] - 1, for every i in turn."""
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts, counts) + within
 
 
 def _sharing(args: ServerArgs) -> SharingRule:
@@ -378,7 +381,6 @@ class Scheduler:
         self._unlink_ended(idle=True)
         self.launcher.forget()  # (no batch: its rows and groups are not held)
         self.memory.beam_book.forget()
-        forget_rules()
         if not outputs and self.args.debug_checks:
             self.check_integrity()
         return outputs
@@ -691,9 +693,7 @@ class Scheduler:
         first_rows = np.cumsum(sizes) - sizes
         if ended.any():  # (the live groups' entries only)
             live_at = np.flatnonzero(~ended)
-            entries = np.concatenate([np.arange(a, a + n) for a, n in
-                                      zip((np.cumsum(k) - k)[live_at].tolist(),
-                                          k[live_at].tolist())])
+            entries = _entries((np.cumsum(k) - k)[live_at], k[live_at])
             parents, tokens, top_ids = parents[entries], tokens[entries], top_ids[entries]
             scores, hyp_scores, done = scores[entries], hyp_scores[entries], done[live_at]
             groups, sizes, k = [groups[i] for i in live_at.tolist()], sizes[live_at], k[live_at]
@@ -703,7 +703,7 @@ class Scheduler:
             if groups[i].rows[0].first_token_time is None:
                 groups[i].rows[0].first_token_time = now
         first = follow_device_rules(groups, parents, tokens, scores, top_ids, hyp_scores, done,
-                                    self.model_config.vocab_size)
+                                    self.model_config.vocab_size, k)
         outputs, first_steps, finished = [], [], set()
         for i in np.flatnonzero(done).tolist():
             outputs += self._finish_beams(groups[i], now)
@@ -718,9 +718,8 @@ class Scheduler:
         if moving.size:
             movers = groups if moving.size == len(groups) else [groups[i] for i in
                                                                  moving.tolist()]
-            entries = (np.concatenate([np.arange(a, a + n) for a, n in
-                                       zip(first[moving].tolist(), k[moving].tolist())])
-                       if moving.size != len(groups) else slice(None))
+            entries = (_entries(first[moving], k[moving]) if moving.size != len(groups)
+                       else slice(None))
             self._follow_beams(movers, parents[entries], tokens[entries], k[moving])
         grammars = [beam_grammars(g, choices) for g, choices in first_steps]
         failed = self.memory.reorder_beams(first_steps)
