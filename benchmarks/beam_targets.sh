@@ -24,7 +24,7 @@ for part in $PARTS; do
             --hf-batch-size 256,512 ;;
     opus)
         run opus_mt --shape opus-mt --num-requests 8192 --input-len 64 --output-len 64 \
-            --batch-sizes 2048 --engine-args '{"cuda_graph_max_bs": 2048}' \
+            --batch-sizes 2048,4096 --engine-args '{"cuda_graph_max_bs": 4096}' \
             --hf-batch-size 2048,4096 ;;
     nllb)
         run nllb_600m --shape nllb-200-distilled-600m --num-requests 2048 --input-len 64 \
