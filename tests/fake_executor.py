@@ -1,7 +1,15 @@
 """A stand-in for the ModelWorker that needs no model: real (tiny) pools, and a next token that
 is a fixed function of the previous token and its position, so that what a request generates
 does not depend on what it was batched with, retracted or overlapped with. Scheduler tests
-drive it in milliseconds and compare with `alone`, the same rule applied to one request."""
+drive it in milliseconds and compare with `alone`, the same rule applied to one request.
+
+Beam rows (a step whose sampling batch has `beam_rows`) get logits instead: a fixed row of
+random numbers for each (previous token, position), a fifth of them led by EOS, through the
+real `Sampler` (the beam candidates and HF's rules, on the CPU) and `move_pages`, so a beam
+request's result depends on its own rows only, and a group batched with hundreds of others
+must end as it ends alone. (The pools' K/V are never read: what the fake checks is the
+scheduler's bookkeeping of tokens, scores, rows and pages, not the K/V's content.) The rows
+after the beam rows keep the rule above."""
 
 from __future__ import annotations
 
@@ -11,10 +19,13 @@ from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
 from seq2serve.runtime.attention.forward_batch import ForwardMode
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
-from seq2serve.runtime.executor.sampler import StepOutput
+from seq2serve.runtime.executor.beam_step import move_pages
+from seq2serve.runtime.executor.sampler import Sampler, StepOutput
 from seq2serve.runtime.executor.worker_batch import DecoderBatch, EncodeBatch
 from seq2serve.runtime.memory.req_to_token_pool import ReqToTokenPool
 from seq2serve.runtime.memory.token_to_kv_pool import TokenToKVPool
+
+_LOGIT_ROWS = 97  # (previous token, position) -> a row of the beam logits' table, mod this
 
 
 def next_token(prev: int, pos: int, vocab: int) -> int:
@@ -45,6 +56,9 @@ class FakeExecutor:
                               if model_config.is_encoder_decoder else None)
         self.forwards: dict[str, int] = {}
         self.rows_seen = 0
+        self.sampler = Sampler()  # (beam rows only; its state: the groups' arenas)
+        self.eos_ids = model_config.eos_token_ids
+        self.beam_logits: torch.Tensor | None = None  # (made at the first beam step)
 
     def launch(self, wb: DecoderBatch) -> StepOutput:
         mode, x = wb.forward_mode, wb.inputs
@@ -68,7 +82,30 @@ class FakeExecutor:
                 rows.append(end - 1)  # each request's last token
         self.rows_seen += len(rows)
         out = torch.tensor([next_token(ids[r], pos[r], self.vocab) for r in rows])
+        sb = wb.sampling
+        if sb is not None and sb.beam_rows:
+            return self._beam_step(wb, [ids[r] for r in rows], [pos[r] for r in rows], out)
         return StepOutput(out).copy_to_host()
+
+    def _beam_step(self, wb: DecoderBatch, ids: list[int], pos: list[int],
+                   plain: torch.Tensor) -> StepOutput:
+        """The sampled rows' logits from the table, the real sampler (beam candidates and
+        rules) and page moves over them; the rows after the beam rows keep `next_token`."""
+        sb = wb.sampling
+        if self.beam_logits is None:  # a row for each (previous token, position), mod 97
+            gen = torch.Generator().manual_seed(0)
+            self.beam_logits = torch.randn(_LOGIT_ROWS, self.vocab, generator=gen)
+            # (every fifth row puts an EOS first: hypotheses end at different lengths)
+            top = self.beam_logits[::5].max(dim=1).values
+            for eos in self.eos_ids:
+                self.beam_logits[::5, eos] = top + 0.5
+        at = (torch.tensor(ids) * 31 + torch.tensor(pos) * 7 + 3) % _LOGIT_ROWS
+        out = self.sampler(self.beam_logits[at], sb)
+        out.next_token_ids[sb.beam_rows:] = plain[sb.beam_rows:]
+        if sb.beam_moves is not None:  # (as the model runner does after its sampler)
+            move_pages(self.req_to_token_pool.req_to_token, self.token_to_kv_pool,
+                       sb.beam_moves, out.beam_parents)
+        return out.copy_to_host()
 
     def forward_encode(self, batch: EncodeBatch) -> torch.Tensor:
         self.forwards["encode"] = self.forwards.get("encode", 0) + 1
