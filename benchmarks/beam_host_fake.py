@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.sampling_params import SamplingParams
@@ -151,6 +152,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="churn: steps timed")
     ap.add_argument("--top", type=int, default=0)
     a = ap.parse_args()
+    # (one thread, as the scheduler process's host work is: torch's pool of two on a busy
+    # 2-core machine turns a small index into milliseconds of waiting)
+    torch.set_num_threads(1)
     s = steady(a.groups, a.beams, a.new_tokens, a.top)
     print(f"{a.groups} groups x {a.beams} beams, medians a step, ms (the fake's logits and "
           f"sampler taken out of the host's)")
