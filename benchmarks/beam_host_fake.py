@@ -43,19 +43,18 @@ class _Timed(FakeExecutor):
 
     seconds = 0.0
 
-    def launch(self, wb):
+    def _timed(self, call, arg):
         start = time.perf_counter()
         try:
-            return super().launch(wb)
+            return call(arg)
         finally:
             self.seconds += time.perf_counter() - start
 
+    def launch(self, wb):
+        return self._timed(super().launch, wb)
+
     def forward_encode(self, batch):
-        start = time.perf_counter()
-        try:
-            return super().forward_encode(batch)
-        finally:
-            self.seconds += time.perf_counter() - start
+        return self._timed(super().forward_encode, batch)
 
 
 def _scheduler(rows: int) -> tuple[Scheduler, _Timed]:
