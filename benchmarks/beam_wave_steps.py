@@ -10,6 +10,9 @@ startup as the scheduler process freezes it; `--no-gc` runs with the cyclic coll
 
     python benchmarks/beam_wave_steps.py --requests 1024 --beams 4 --rows 2048 --new-tokens 64
     python3 benchmarks/beam_wave_steps.py --shape opus-mt --device cuda --requests 4096 --phases
+
+On CUDA one wave of requests runs first, untimed (`--warm-up`): on a fresh machine the first
+wave compiles kernels inside its steps, which the device's event-to-event time counts too.
 """
 
 from __future__ import annotations
@@ -102,12 +105,14 @@ def time_phases(steady: bool = False) -> tuple[dict[str, float], dict[str, int]]
 
 def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str | None,
                device: str, sync, context_length: int | None = 256, arrive: int = 0,
-               freeze_first: bool = False) -> dict[str, list]:
+               freeze_first: bool = False, warm: int = 0, reset=None) -> dict[str, list]:
     """Each kind of step ("admits", "first steps", "finishes", "steady") -> its wall times.
     `arrive`: requests are added `arrive` a step inside the timed loop (as the engine's
     scheduler receives a call's requests in lists) instead of all before it;
     `freeze_first`: the heap frozen before the requests are made (as in the engine's
-    scheduler process, whose requests come after its startup freeze)."""
+    scheduler process, whose requests come after its startup freeze); `warm`: requests run
+    to the end before anything is timed (on a fresh GPU machine the first wave compiles
+    kernels inside its steps), then `reset()` (the phase timers)."""
     if shape is None:
         path, dtype, vocab, extra = tiny_bart(), "float32", 500, {}
     else:
@@ -119,6 +124,16 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str
                       ModelConfig.from_path(path), None)
     rng = random.Random(0)
     sp = {"max_new_tokens": new_tokens, "ignore_eos": True, "num_beams": beams}
+    for i in range(warm):
+        sched.add_request(TokenizedRequest(
+            rid=f"warm{i}", encoder_input_ids=[rng.randrange(3, vocab) for _ in range(64)],
+            decoder_input_ids=[2], sampling_params=SamplingParams.from_dict(sp), group="g"))
+    while sched.has_work:
+        sched.step()
+    sync()
+    warm_busy = sched.device_seconds
+    if reset is not None:
+        reset()
     if freeze_first:
         freeze_heap()
     pending = [TokenizedRequest(
@@ -149,7 +164,7 @@ def step_kinds(requests: int, beams: int, rows: int, new_tokens: int, shape: str
         kinds[kind].append(took)
     sync()
     kinds["(whole run)"] = [time.perf_counter() - started]
-    kinds["(device busy)"] = [sched.device_seconds]
+    kinds["(device busy)"] = [sched.device_seconds - warm_busy]
     kinds["(collector)"] = [t / 1e3 for t in pauses.stats()["gc_pause_total_ms"]]
     pauses.close()
     return kinds
@@ -169,6 +184,8 @@ def main() -> None:
     ap.add_argument("--arrive", type=int, default=0, help="requests added a step (0: all first)")
     ap.add_argument("--freeze-first", action="store_true")
     ap.add_argument("--no-gc", action="store_true")
+    ap.add_argument("--warm-up", type=int, default=-1, help="requests run before the timed "
+                    "ones (-1: one wave, rows / beams, on CUDA; none on the CPU)")
     ap.add_argument("--gc-threshold", default="", help="gc.set_threshold's, e.g. 50000,20,100")
     a = ap.parse_args()
     if a.gc_threshold:
@@ -180,8 +197,14 @@ def main() -> None:
         import torch
         sync = torch.cuda.synchronize
     spent, calls = time_phases(a.steady) if a.phases else ({}, {})
+
+    def reset() -> None:
+        for label in spent:
+            spent[label], calls[label] = 0.0, 0
+
+    warm = a.warm_up if a.warm_up >= 0 else (a.rows // a.beams if a.device == "cuda" else 0)
     kinds = step_kinds(a.requests, a.beams, a.rows, a.new_tokens, a.shape, a.device, sync,
-                       a.context_length or None, a.arrive, a.freeze_first)
+                       a.context_length or None, a.arrive, a.freeze_first, warm, reset)
     for kind, times in kinds.items():
         if kind == "(collector)":
             continue
