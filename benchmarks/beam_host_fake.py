@@ -38,32 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from beam_overlap_share import tiny_bart  # noqa: E402  (a config of vocabulary 512)
 
 
-class _Timed(FakeExecutor):
-    """The fake executor, its own time counted (`seconds`): what stands in for the device."""
-
-    seconds = 0.0
-
-    def _timed(self, call, arg):
-        start = time.perf_counter()
-        try:
-            return call(arg)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-    def launch(self, wb):
-        return self._timed(super().launch, wb)
-
-    def forward_encode(self, batch):
-        return self._timed(super().forward_encode, batch)
-
-
-def _scheduler(rows: int) -> tuple[Scheduler, _Timed]:
+def _scheduler(rows: int) -> tuple[Scheduler, FakeExecutor]:
     path = tiny_bart()
     args = ServerArgs(model_path=path, device="cpu", dtype="float32", load_format="dummy",
                       max_running_requests=rows, context_length=256)
     config = ModelConfig.from_path(path)
-    fake = _Timed(args, config, kv_tokens=rows * 256, cross_tokens=rows * 128,
-                  context_len=256, max_encoder_len=128)
+    fake = FakeExecutor(args, config, kv_tokens=rows * 256, cross_tokens=rows * 128,
+                        context_len=256, max_encoder_len=128)
     return Scheduler(args, config, None, fake), fake
 
 

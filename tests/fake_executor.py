@@ -13,6 +13,8 @@ after the beam rows keep the rule above."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from seq2serve.cross_attention.cross_kv_pool import CrossKVPool
@@ -56,11 +58,19 @@ class FakeExecutor:
                               if model_config.is_encoder_decoder else None)
         self.forwards: dict[str, int] = {}
         self.rows_seen = 0
+        self.seconds = 0.0  # its own time in launch and forward_encode (the host benchmarks')
         self.sampler = Sampler()  # (beam rows only; its state: the groups' arenas)
         self.eos_ids = model_config.eos_token_ids
         self.beam_logits: torch.Tensor | None = None  # (made at the first beam step)
 
     def launch(self, wb: DecoderBatch) -> StepOutput:
+        start = time.perf_counter()
+        try:
+            return self._launch(wb)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _launch(self, wb: DecoderBatch) -> StepOutput:
         mode, x = wb.forward_mode, wb.inputs
         self.forwards[mode.value] = self.forwards.get(mode.value, 0) + 1
         ids = x.input_ids.tolist()
@@ -108,5 +118,8 @@ class FakeExecutor:
         return out.copy_to_host()
 
     def forward_encode(self, batch: EncodeBatch) -> torch.Tensor:
+        start = time.perf_counter()
         self.forwards["encode"] = self.forwards.get("encode", 0) + 1
-        return torch.zeros(sum(batch.segment_lens), 1)
+        out = torch.zeros(sum(batch.segment_lens), 1)
+        self.seconds += time.perf_counter() - start
+        return out
