@@ -56,7 +56,8 @@ def _request(i: int, beams: int, new_tokens: int, rng: random.Random) -> Tokeniz
                             decoder_input_ids=[2], sampling_params=sp)
 
 
-def steady(groups: int, beams: int, new_tokens: int, top: int) -> dict:
+def steady(groups: int, beams: int, new_tokens: int, top: int,
+           sort: str = "cumulative") -> dict:
     """One wave: the steps after every group's first step and before any finishes."""
     sched, fake = _scheduler(groups * beams)
     rng = random.Random(0)
@@ -83,7 +84,7 @@ def steady(groups: int, beams: int, new_tokens: int, top: int) -> dict:
         step += 1
     gc.unfreeze()
     if prof is not None:
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+        pstats.Stats(prof).sort_stats(sort).print_stats(top)
     walls, fakes = np.array(walls), np.array(fakes)
     return {"steps": len(walls), "wall": float(np.median(walls)),
             "fake": float(np.median(fakes)), "host": float(np.median(walls - fakes))}
@@ -131,11 +132,12 @@ def main() -> None:
                     "new-tokens)")
     ap.add_argument("--steps", type=int, default=40, help="churn: steps timed")
     ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--sort", default="cumulative", help="--top's order (tottime: own time)")
     a = ap.parse_args()
     # (one thread, as the scheduler process's host work is: torch's pool of two on a busy
     # 2-core machine turns a small index into milliseconds of waiting)
     torch.set_num_threads(1)
-    s = steady(a.groups, a.beams, a.new_tokens, a.top)
+    s = steady(a.groups, a.beams, a.new_tokens, a.top, a.sort)
     print(f"{a.groups} groups x {a.beams} beams, medians a step, ms (the fake's logits and "
           f"sampler taken out of the host's)")
     print(f"steady: wall {s['wall'] * 1e3:7.2f}  fake {s['fake'] * 1e3:6.2f}  "
