@@ -21,8 +21,6 @@ import numpy as np
 
 from seq2serve.runtime.scheduler.req import Req
 
-_NEG = np.float32(-1.0e9)  # HF's "never" score
-
 
 @dataclass
 class Hypothesis:
