@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="passes of each size (the first "
                     "of all is a warm-up)")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--table", type=int, default=0, help="each profiled pass's N operators "
+                    "and kernels of most self time (torch.profiler's table)")
     ap.add_argument("--plain", action="store_true", help="no profiler (its overhead per "
                     "operator inflates the host time); count the host-device syncs instead")
     a = ap.parse_args()
@@ -99,6 +101,11 @@ def main() -> None:
                 last.record()
                 torch.cuda.synchronize()
         events = prof.events()
+        if a.table:
+            print(f"-- a pass of {len(jobs)} inputs: host {host * 1e3:.2f} ms")
+            key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+            for sort in ("self_cpu_time_total", key)[: 1 + cuda]:
+                print(prof.key_averages().table(sort_by=sort, row_limit=a.table))
         top = [e for e in events if e.name.startswith("aten::")
                and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
         kernels = [e for e in events if getattr(e, "device_type", None) is not None

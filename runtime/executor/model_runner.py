@@ -18,6 +18,7 @@ from seq2serve.runtime.config.model_config import ModelConfig
 from seq2serve.runtime.config.server_args import ServerArgs
 from seq2serve.runtime.config.serving_dtype import serving_dtype
 from seq2serve.runtime.executor.beam_step import move_pages
+from seq2serve.runtime.executor.encode_buckets import pad_encode_batch
 from seq2serve.runtime.executor.sampler import Sampler, StepOutput
 from seq2serve.runtime.executor.worker_batch import (
     DecoderBatch,
@@ -74,6 +75,9 @@ class ModelRunner:
         self.sampler = Sampler(model_config.suppressed_token_ids, self.device)
         # the optional DecoderInputs the model reads (Mllama: each token's cross key range)
         self.model_optional_inputs = frozenset(self.model.optional_inputs)
+        # token inputs' encoder passes padded to a few sizes (encode_buckets.py): on CUDA,
+        # where a GEMM of a new row count costs milliseconds of cuBLAS's choosing
+        self.encode_buckets = self.device.startswith("cuda")
         if args.compile_encoder and not self.model.compile_encoder():
             logger.warning("--compile-encoder: %s has no encoder part it compiles; ignored",
                            type(self.model).__name__)
@@ -154,12 +158,15 @@ class ModelRunner:
     def encode(self, b: EncodeBatch) -> torch.Tensor | None:
         """Encode the new inputs and write every cross K/V of the batch; returns the encoder's
         new outputs (packed) or None when it only projected cached ones."""
+        real = None
+        if self.encode_buckets:  # (the padding's outputs written to the scratch slot, cut off)
+            b, real = pad_encode_batch(b, self.args.max_encoder_batch_tokens)
         eb = to_encode_forward_batch(b, self.device, self.pools, self.attn_backend)
         self.attn_backend.init_forward_metadata(eb)
         new = self.model.encode(eb) if eb.has_new_inputs else None
         parts = [h for h in (new, eb.cached_hidden) if h is not None]
         self.model.store_cross_kv(torch.cat(parts) if len(parts) > 1 else parts[0], eb)
-        return new
+        return new if new is None or real is None else new[:real]
 
     @torch.inference_mode()
     def forward(self, b: DecoderBatch, defer: bool = False
