@@ -90,7 +90,8 @@ def steady(groups: int, beams: int, new_tokens: int, top: int,
             "fake": float(np.median(fakes)), "host": float(np.median(walls - fakes))}
 
 
-def churn(groups: int, beams: int, new_tokens: int, arrive: int, steps: int) -> dict:
+def churn(groups: int, beams: int, new_tokens: int, arrive: int, steps: int, top: int = 0,
+          sort: str = "cumulative") -> dict:
     """`groups` running at once, `arrive` new ones a step once the batch is full (lengths
     from 1/2 to 3/2 of `new_tokens`, so about as many finish a step)."""
     sched, fake = _scheduler(groups * beams)
@@ -101,6 +102,7 @@ def churn(groups: int, beams: int, new_tokens: int, arrive: int, steps: int) -> 
         sched.add_request(_request(n, beams, length, rng))
         n += 1
     walls, fakes = [], []
+    prof = cProfile.Profile() if top else None
     gc.collect()
     gc.freeze()
     for step in range(new_tokens + steps):
@@ -110,13 +112,20 @@ def churn(groups: int, beams: int, new_tokens: int, arrive: int, steps: int) -> 
                 sched.add_request(_request(n, beams, length, rng))
                 n += 1
         before = fake.seconds
+        timed = step >= new_tokens  # (once arrivals and finishes are steady)
+        if prof is not None and timed:
+            prof.enable()
         start = time.perf_counter()
         sched.step()
         took = time.perf_counter() - start
-        if step >= new_tokens:  # (once arrivals and finishes are steady)
+        if prof is not None and timed:
+            prof.disable()
+        if timed:
             walls.append(took)
             fakes.append(fake.seconds - before)
     gc.unfreeze()
+    if prof is not None:
+        pstats.Stats(prof).sort_stats(sort).print_stats(top)
     walls, fakes = np.array(walls), np.array(fakes)
     return {"steps": len(walls), "wall": float(np.median(walls)),
             "fake": float(np.median(fakes)), "host": float(np.median(walls - fakes)),
@@ -132,18 +141,20 @@ def main() -> None:
                     "new-tokens)")
     ap.add_argument("--steps", type=int, default=40, help="churn: steps timed")
     ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--churn-only", action="store_true", help="--top: of the churn's steps")
     ap.add_argument("--sort", default="cumulative", help="--top's order (tottime: own time)")
     a = ap.parse_args()
     # (one thread, as the scheduler process's host work is: torch's pool of two on a busy
     # 2-core machine turns a small index into milliseconds of waiting)
     torch.set_num_threads(1)
-    s = steady(a.groups, a.beams, a.new_tokens, a.top, a.sort)
+    s = steady(a.groups, a.beams, a.new_tokens, 0 if a.churn_only else a.top, a.sort)
     print(f"{a.groups} groups x {a.beams} beams, medians a step, ms (the fake's logits and "
           f"sampler taken out of the host's)")
     print(f"steady: wall {s['wall'] * 1e3:7.2f}  fake {s['fake'] * 1e3:6.2f}  "
           f"scheduler host {s['host'] * 1e3:7.2f}  ({s['steps']} steps)")
     arrive = a.arrive or max(1, a.groups // a.new_tokens)
-    c = churn(a.groups, a.beams, a.new_tokens, arrive, a.steps)
+    c = churn(a.groups, a.beams, a.new_tokens, arrive, a.steps, a.top if a.churn_only else 0,
+              a.sort)
     print(f"churn : wall {c['wall'] * 1e3:7.2f}  fake {c['fake'] * 1e3:6.2f}  "
           f"scheduler host {c['host'] * 1e3:7.2f}  ({c['steps']} steps, {arrive} groups "
           f"arriving a step, {c['running']} running at the end)")
