@@ -15,29 +15,55 @@ import httpx
 BIN = Path(sys.executable).parent
 
 
+# Each pytest-xdist worker takes ports from its own range, below Linux's ephemeral ports
+# (32768 on): two workers asking the OS for a free port could be given the same one (the
+# first's socket closed before its server bound it), and a test then talked to the other
+# worker's server while its own failed to bind (CI, test_max_n_flag_sets_the_limit).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_FIRST = 20000 + 500 * (int(_WORKER) % 24 if _WORKER.isdigit() else 0)
+_PORTS = iter(range(_FIRST, _FIRST + 500))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, from this worker's range."""
+    for port in _PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port left in this test worker's range")
 
 
 class ServerProcess:
     def __init__(self, model_path: str, *extra: str, timeout: float = 120.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"seq2serve-{self.port}.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [str(BIN / "seq2serve"), "serve", "--model-path", model_path, "--device", "cpu",
-             "--port", str(self.port), *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        for attempt in range(3):  # (a port taken between the check and the bind: another)
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.log_path = (Path(os.environ.get("TMPDIR", "/tmp"))
+                             / f"seq2serve-{self.port}.log")
+            self.log = open(self.log_path, "w")
+            self.proc = subprocess.Popen(
+                [str(BIN / "seq2serve"), "serve", "--model-path", model_path, "--device",
+                 "cpu", "--port", str(self.port), *extra],
+                stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            if self._wait_healthy(timeout) or attempt == 2:
+                return
+            self.kill()
+
+    def _wait_healthy(self, timeout: float) -> bool:
+        """Until our process answers /health: True; False when it exited because its port
+        was taken (the caller tries another); raises on any other failure."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.output().lower():
+                    return False
                 raise RuntimeError(f"server exited early:\n{self.output()}")
             try:
                 if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
