@@ -48,19 +48,21 @@ class ServerProcess:
                 [str(BIN / "seq2serve"), "serve", "--model-path", model_path, "--device",
                  "cpu", "--port", str(self.port), *extra],
                 stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-            if self._wait_healthy(timeout) or attempt == 2:
+            if self._wait_healthy(timeout, retry=attempt < 2):
                 return
             self.kill()
 
-    def _wait_healthy(self, timeout: float) -> bool:
-        """Until our process answers /health: True; False when it exited because its port
-        was taken (the caller tries another); raises on any other failure."""
+    def _wait_healthy(self, timeout: float, retry: bool) -> bool:
+        """Until our process answers /health: True; False when it exited because its HTTP
+        port was taken and `retry` (the caller tries another); raises on any other failure
+        (a port given in the server's arguments that is in use, too)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                if "address already in use" in self.output().lower():
+                out = self.output()
+                if retry and f"'127.0.0.1', {self.port}): address already in use" in out:
                     return False
-                raise RuntimeError(f"server exited early:\n{self.output()}")
+                raise RuntimeError(f"server exited early:\n{out}")
             try:
                 if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
                     return True
