@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from seq2serve.models.row_buckets import bucket_rows as bucket_tokens
 from seq2serve.runtime.config.model_config import ModelConfig
-from seq2serve.runtime.executor.encode_buckets import PAD_SEGMENT, bucket_tokens
+from seq2serve.runtime.executor.encode_buckets import PAD_SEGMENT
 from seq2serve.tests.bart_checkpoints import write_bart_checkpoint
 from seq2serve.tests.bart_oracle import hf_generate
 from seq2serve.tests.helpers import (

@@ -5,8 +5,9 @@ first product of a row count it has not seen costs 2.5-4 ms of host time against
 (benchmarks/profile_encoder_pass.py, docs/benchmarks.md). An encoder pass's rows are its
 inputs' tokens, which under a served load take a new value nearly every pass: OPUS-MT's passes
 of 4-24 inputs cost 6-24 ms the first time a size came and 3-6 ms the second. Padding a pass
-to one of ~8 sizes an octave (at most 1/8 more tokens) keeps the shapes few: each is paid once
-in a server's life.
+to one of ~8 sizes an octave (`models/row_buckets.py`: at most 1/8 more tokens) keeps the
+shapes few: each is paid once in a server's life. (models/ops.py pads the rows of other eager
+GEMMs one product at a time; a pass padded whole needs no copy per GEMM.)
 
 The padding is whole inputs of at most `PAD_SEGMENT` tokens (so that no model's position limit
 is reached) whose outputs are dropped: their cross K/V go to the scratch page's first slot
@@ -22,33 +23,24 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from seq2serve.models.row_buckets import bucket_rows
+
 if TYPE_CHECKING:
     from seq2serve.runtime.executor.worker_batch import EncodeBatch
 
 PAD_SEGMENT = 64  # tokens of a padding input at most
-MIN_STEP = 64  # token counts below 512 are padded to a multiple of this
-
-
-def bucket_tokens(n: int, limit: int | None = None) -> int:
-    """`n` rounded up to a multiple of 1/8 of the power of two at or below it (and of
-    MIN_STEP): eight sizes an octave, at most 1/8 more. Never above max(n, `limit`)."""
-    if n <= 0:
-        return n
-    step = max(MIN_STEP, (1 << (n.bit_length() - 1)) // 8)
-    out = -(-n // step) * step
-    return out if limit is None else max(n, min(out, limit))
 
 
 def pad_encode_batch(b: EncodeBatch, limit: int | None = None,
                      pad_id: int = 0) -> tuple[EncodeBatch, int | None]:
-    """`b` with its new token inputs padded to `bucket_tokens` (padding inputs appended after
+    """`b` with its new token inputs padded to `bucket_rows` (padding inputs appended after
     them, their cross K/V slots the scratch slot 0, before the projected inputs' slots), and
     the real token count (the encoder's output rows to keep); (`b`, None) when nothing is
     padded."""
     if b.token_ids is None or b.model_input is not None:
         return b, None
     real = int(b.token_ids.numel())
-    pad = bucket_tokens(real, limit) - real
+    pad = bucket_rows(real, limit) - real
     if pad <= 0:
         return b, None
     lens = [PAD_SEGMENT] * (pad // PAD_SEGMENT) + ([pad % PAD_SEGMENT] if pad % PAD_SEGMENT
