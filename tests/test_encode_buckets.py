@@ -96,3 +96,19 @@ def test_padded_bart_family_passes_give_hfs_tokens(tmp_path, family):
     for i, ids in enumerate(sources):
         out, drop = hf_generate(path, ids, None, MAX_NEW, num_beams=1)
         assert got[f"r{i}"] == out[0, drop:].tolist(), i
+
+
+def test_padding_inputs_stay_within_a_short_position_table(tmp_path):
+    """A Marian whose position table holds 24 positions and a pass of 29 tokens padded to 64:
+    the 35 padding tokens go in inputs no longer than the pass's longest (17), not one of 35
+    (past the table)."""
+    path = str(write_bart_checkpoint("marian", Path(tmp_path) / "short", seed=4,
+                                     max_position_embeddings=24))
+    cfg = ModelConfig.from_path(path)
+    sources = [s[-n:] for s, n in zip(_sources(cfg.vocab_size - 20, cfg.eos_token_ids[0]),
+                                      [3, 17, 9])]
+    got, seen = _run_padded(path, sources, [cfg.arch.decoder_start_token_id])
+    assert seen[0][0] == 64 and max(seen[0][1]) == 17
+    for i, ids in enumerate(sources):
+        out, drop = hf_generate(path, ids, None, MAX_NEW, num_beams=1)
+        assert got[f"r{i}"] == out[0, drop:].tolist(), i

@@ -9,11 +9,11 @@ to one of ~8 sizes an octave (`models/row_buckets.py`: at most 1/8 more tokens) 
 shapes few: each is paid once in a server's life. (models/ops.py pads the rows of other eager
 GEMMs one product at a time; a pass padded whole needs no copy per GEMM.)
 
-The padding is whole inputs of at most `PAD_SEGMENT` tokens (so that no model's position limit
-is reached) whose outputs are dropped: their cross K/V go to the scratch page's first slot
-(page 0: never allocated, written by CUDA graphs' padded rows too) and their encoder states
-are cut off before anything reads them. Only passes of token inputs are padded (an image's or
-a sound's encoder has its own shapes).
+The padding is whole inputs of at most `PAD_SEGMENT` tokens, none longer than the pass's
+longest input (so that no model's position limit is reached), whose outputs are dropped:
+their cross K/V go to the scratch page's first slot (page 0: never allocated, written by CUDA
+graphs' padded rows too) and their encoder states are cut off before anything reads them.
+Only passes of token inputs are padded (an image's or a sound's encoder has its own shapes).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def pad_encode_batch(b: EncodeBatch, limit: int | None = None,
     pad = bucket_rows(real, limit) - real
     if pad <= 0:
         return b, None
-    lens = [PAD_SEGMENT] * (pad // PAD_SEGMENT) + ([pad % PAD_SEGMENT] if pad % PAD_SEGMENT
-                                                    else [])
+    # (no padding input longer than the pass's longest: a model's position table holds it)
+    cap = min(PAD_SEGMENT, max(b.segment_lens))
+    lens = [cap] * (pad // cap) + ([pad % cap] if pad % cap else [])
     loc = b.cross_out_loc
     return replace(
         b, token_ids=torch.cat([b.token_ids, b.token_ids.new_full((pad,), pad_id)]),
