@@ -11,6 +11,8 @@
 #                `SCRIPT=benchmarks/x.py` runs that script of each tree instead of the cli;
 #                `SCRIPT=benchmarks/x.sh` (e.g. serving_vs_offline.sh: a server of each tree in
 #                turn) runs it with bash from each tree, its $OUT at $out/<tree>_<round>.
+#                `ORDER="new base"` runs the working tree first (a check that the order of the
+#                runs on one machine does not decide the comparison).
 cd "$(dirname "$0")/.." || exit 1
 case $1 in
 prepare)
@@ -28,7 +30,7 @@ run)
     out=${OUT:-/tmp/ab}; mkdir -p "$out"
     nvidia-smi --query-gpu=name --format=csv,noheader
     for i in $(seq "$rounds"); do
-        for tree in base new; do
+        for tree in ${ORDER:-base new}; do
             path=/tmp/pkg:/tmp/site; root=.
             [ $tree = base ] && path=/tmp/pkg_base:/tmp/site && root=.ab/base
             echo "== $tree $i"

@@ -12,8 +12,7 @@ the GEMV with the op before it in its prologue; up to `skinny_max_m` rows
 (SEQ2SERVE_SKINNY_MAX_M, default 16) to the tensor-core skinny GEMM after the norm or
 activation kernel (folded into the skinny GEMM's prologue, as into the GEMV's, they cost more
 than the launches they save: every program recomputes them for 16 padded rows); more rows to
-cuBLAS, with the rows of an eager forward padded to one of a few counts (`row_buckets.py`:
-cuBLAS's first product of a new row count costs milliseconds of host).
+cuBLAS.
 
 A weight may be a `QuantizedWeight` (8-bit rows and their scales, models/quantization.py): the
 GEMV and the skinny GEMM read it as it is and scale each output channel at the end; more rows
@@ -32,7 +31,6 @@ from torch import nn
 
 from seq2serve.models.padded_rows import needs_padding, pad_rows, padded
 from seq2serve.models.quantized_weight import QuantizedWeight
-from seq2serve.models.row_buckets import bucket_rows
 from seq2serve.runtime.kernels.activations import torch_activation
 from seq2serve.runtime.kernels.fp8_gemm import fp8_linear, scaled_product
 
@@ -120,9 +118,6 @@ class TritonOps(TorchOps):
         if skinny_max_m is None:
             skinny_max_m = int(os.environ.get("SEQ2SERVE_SKINNY_MAX_M", "16"))
         self.gemv_max_m = gemv_max_m  # 0: never the GEMV
-        # cuBLAS's GEMMs of an eager forward with rows padded to `bucket_rows` (None: on CUDA,
-        # where its choice for a new row count costs milliseconds; tests force it on the CPU)
-        self.pad_rows: bool | None = None
         self._head_biases: dict = {}  # (bias storage, padded rows) -> the bias zero-padded
         self.skinny_max_m = min(skinny_max_m, triton_skinny.MAX_M)  # 0: never the skinny GEMM
         block_n, block_k = gemv_blocks or (None, None)
@@ -130,19 +125,6 @@ class TritonOps(TorchOps):
         # the skinny GEMM's tile is at least 16 x 16 (the MMA shape)
         self._skinny_blocks = ({"block_n": max(block_n, 16), "block_k": max(block_k, 16)}
                                if gemv_blocks else {"block_n": None, "block_k": None})
-
-    def _bucketed(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x's rows copied into a buffer of `bucket_rows` rows (the rest left as they are:
-        a GEMM's rows are independent, and the caller keeps the first), or None: x's row
-        count is a bucket's already, x is not on CUDA (unless `pad_rows` says so) or not 2-D,
-        or a CUDA graph is being captured (its shapes are fixed)."""
-        if (x.dim() != 2 or not (self.pad_rows if self.pad_rows is not None else x.is_cuda)
-                or (m := x.shape[0]) == (rows := bucket_rows(m))
-                or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
-            return None
-        whole = x.new_empty(rows, x.shape[1])
-        whole[:m] = x
-        return whole
 
     def _small(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight):
         """The kernel module for these rows (the one per-call choice): the GEMV, the skinny
@@ -188,8 +170,6 @@ class TritonOps(TorchOps):
             return small.gemv(x, stored, bias, **self._blocks, **scale)
         if small is self._skinny:
             return small.skinny_gemm(x, stored, bias, **self._skinny_blocks, **scale)
-        if (whole := self._bucketed(x)) is not None:  # (cuBLAS: a few row counts)
-            return self.linear(whole, weight, bias)[:x.shape[0]]
         if _is_fp8(weight):
             return self._fp8_product(x, self._fp8.quantize(_rows(x)), weight, bias)
         if needs_padding(stored) and (whole := padded(stored)) is not None:
@@ -206,8 +186,6 @@ class TritonOps(TorchOps):
         58,101] logits two passes over them fewer (~0.4 ms of a 3.0 ms beam step on an H200,
         docs/benchmarks.md)."""
         stored, _ = _stored(weight)
-        if self._small(x, weight) is None and (whole := self._bucketed(x)) is not None:
-            return self.logits(whole, weight, bias)[:x.shape[0]]
         if (self._small(x, weight) is None and not _is_fp8(weight) and needs_padding(stored)
                 and (whole := padded(stored)) is not None):
             n = stored.shape[0]
