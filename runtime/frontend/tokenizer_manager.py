@@ -176,6 +176,13 @@ class TokenizerManager:
     def _tokenize(self, obj: GenerateReqInput
                   ) -> tuple[bool, list[TokenizedRequest], dict[str, TaskAnswer]]:
         """`tokenize`, and the results that answer a Florence-2 task, by rid."""
+        is_batch, items = self._checked_items(obj)
+        reqs, answers = self._tokenize_items(obj, items, obj.group or uuid.uuid4().hex)
+        return is_batch or sum(len(r.result_rids) for r in reqs) > 1, reqs, answers
+
+    def _checked_items(self, obj: GenerateReqInput) -> tuple[bool, list[dict[str, Any]]]:
+        """The call's prompts (`GenerateReqInput.normalize`), checked against the limits that
+        hold for the call as a whole (its rows, its images), before any is tokenized."""
         is_batch, items = obj.normalize()
         if obj.embed:
             self._check_embedding(obj, items)
@@ -184,11 +191,19 @@ class TokenizerManager:
             raise ValueError(f"{rows} inputs (rows: prompts x n x num_beams) in one request, "
                              f"over this server's limit of {self.limits.max_batch_inputs} "
                              f"(max_batch_inputs)")
+        self._check_image_counts([item["image_data"] for item in items])
+        return is_batch, items
+
+    def _tokenize_items(self, obj: GenerateReqInput, items: list[dict[str, Any]], group: str
+                        ) -> tuple[list[TokenizedRequest], dict[str, TaskAnswer]]:
+        """The TokenizedRequests of `items` (all the call's prompts, or a part of them:
+        `media_parts`), their images and audio preprocessed, and the results that answer a
+        Florence-2 task, by rid. `group`: the call's (the scheduler admits callers fairly,
+        not prompts)."""
         per_item, sizes = self._sized_images([item["image_data"] for item in items])
         per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
         tasks: dict[str, tuple] = {}  # result rid -> (task, image size, stop strings)
-        group = obj.group or uuid.uuid4().hex  # the scheduler admits callers fairly, not prompts
         for item, images, size in zip(items, per_item, sizes):
             sp = SamplingParams.from_dict(item["sampling_params"])
             sp.validate(self.info["vocab_size"])
@@ -253,7 +268,7 @@ class TokenizerManager:
             raise ValueError("rid must be unique among running requests")
         answers = {rid: self.answers.answer(*spec) for rid, spec in tasks.items()
                    if spec is not None}
-        return is_batch or len(rids) > 1, reqs, answers
+        return reqs, answers
 
     def _task(self, item: dict[str, Any]) -> str | None:
         """The Florence-2 task token a text prompt is, unless the request sets
@@ -329,12 +344,11 @@ class TokenizerManager:
         """Every prompt's images, decoded and preprocessed concurrently (all prompts at once)."""
         return self._sized_images(per_prompt)[0]
 
-    def _sized_images(self, per_prompt: list[list]
-                      ) -> tuple[list[list[ImageFeatures]], list[tuple[int, int] | None]]:
-        """`_images`, and each prompt's first image's (width, height) where a Florence-2
-        answer may need it (None otherwise)."""
+    def _check_image_counts(self, per_prompt: list[list]) -> None:
+        """The images of a call's prompts (`per_prompt`) within the model's and the server's
+        limits (none given: nothing to check)."""
         if not any(per_prompt):
-            return [[] for _ in per_prompt], [None] * len(per_prompt)
+            return
         if self.image_processor is None:
             raise ValueError("this model takes no images (image_data was given)")
         most = max(map(len, per_prompt))
@@ -345,6 +359,14 @@ class TokenizerManager:
         if count > self.limits.max_images_total:
             raise ValueError(f"{count} images in one request (all its prompts), over the "
                              f"limit of {self.limits.max_images_total} (max_images_per_call)")
+
+    def _sized_images(self, per_prompt: list[list]
+                      ) -> tuple[list[list[ImageFeatures]], list[tuple[int, int] | None]]:
+        """`_images`, and each prompt's first image's (width, height) where a Florence-2
+        answer may need it (None otherwise)."""
+        if not any(per_prompt):
+            return [[] for _ in per_prompt], [None] * len(per_prompt)
+        self._check_image_counts(per_prompt)
 
         def one(i_src):
             i, src = i_src
@@ -504,29 +526,27 @@ class TokenizerManager:
         otherwise one final dict per prompt/sample, in order. Cancelling aborts them."""
         self._check_alive()
         await self.start()
+        loop = asyncio.get_running_loop()
         # tokenizing (and decoding images) is CPU work: off the event loop, so that a huge
         # prompt does not stall other requests and /health
-        _, reqs, answers = await asyncio.get_running_loop().run_in_executor(
-            None, self._tokenize, obj)
-        # one state per result (a beam request has k), prompt-major like n's samples
-        rids = [rid for r in reqs for rid in r.result_rids]
-        if any(rid in self.states for rid in rids):
-            raise ValueError("rid must be unique among running requests")
-        states = [_ReqState(rid=rid, index=i, show_replica=obj.show_replica,
-                            answer=answers.get(rid))
-                  for i, rid in enumerate(rids)]
-        for s, r in zip(states, reqs):  # (scoring refuses beams: one result per request)
-            if r.logprob_start_len is not None:
-                s.scored_ids = r.decoder_input_ids[r.logprob_start_len:]
-        for s in states:
-            self.states[s.rid] = s
+        _, items = await loop.run_in_executor(None, self._checked_items, obj)
+        group = obj.group or uuid.uuid4().hex
+        states: list[_ReqState] = []  # one per result (a beam request has k), prompt-major
         sent: list[TokenizedRequest] = []  # as sent (images by their PixelStore files)
         try:
-            for r in reqs:
-                sent.append(self._on_the_wire(r))
-            # one message (per replica): the scheduler admits a call's requests together (a
-            # select's choices share one extend forward)
-            self.link.send(sent)
+            for part in media_parts(items, obj.decoder_variants is None):
+                reqs, answers = await loop.run_in_executor(None, self._tokenize_items, obj,
+                                                           items[part], group)
+                self._register(states, reqs, answers, obj.show_replica)
+                start = len(sent)
+                for r in reqs:  # (in `sent` one by one: a failure releases what was stored)
+                    sent.append(self._on_the_wire(r))
+                wire = sent[start:]
+                # one message (per replica) a part: the scheduler admits a call's requests
+                # together (a select's choices share one extend forward); a call with images
+                # or audio on many prompts is sent in parts as they are preprocessed, so
+                # that the device works on the first while the host prepares the next
+                self.link.send(wire)
             if obj.stream:
                 async for chunk in self._stream(states, obj.return_logprob):
                     yield chunk
@@ -541,6 +561,22 @@ class TokenizerManager:
             self.link.finished(sent)
             for r in sent:
                 self._release(r)
+
+    def _register(self, states: list[_ReqState], reqs: list[TokenizedRequest],
+                  answers: dict[str, TaskAnswer], show_replica: bool) -> None:
+        """States for `reqs`' results, after the call's `states` so far (their index counts
+        on), registered to receive outputs; a rid already running is refused."""
+        rids = [rid for r in reqs for rid in r.result_rids]
+        if len(set(rids)) != len(rids) or any(rid in self.states for rid in rids):
+            raise ValueError("rid must be unique among running requests")
+        new = [_ReqState(rid=rid, index=len(states) + i, show_replica=show_replica,
+                         answer=answers.get(rid)) for i, rid in enumerate(rids)]
+        for s, r in zip(new, reqs):  # (scoring refuses beams: one result per request)
+            if r.logprob_start_len is not None:
+                s.scored_ids = r.decoder_input_ids[r.logprob_start_len:]
+        for s in new:
+            self.states[s.rid] = s
+        states += new
 
     def _on_the_wire(self, r: TokenizedRequest) -> TokenizedRequest:
         """The request as sent: every image's pixels and audio window's samples in the
@@ -785,6 +821,22 @@ class TokenizerManager:
             raise EngineDeadError(self.dead_reason)
         if self.draining:
             raise EngineDeadError("the server is shutting down")
+
+
+MEDIA_PART = 16  # prompts with images or audio a part of a call (`media_parts`)
+
+
+def media_parts(items: list[dict[str, Any]], may_split: bool = True) -> list[slice]:
+    """A call's prompts in the parts it is tokenized and sent in: one part, unless more than
+    MEDIA_PART prompts carry images or audio (`may_split`: the call allows it). Preprocessing
+    an image takes milliseconds of host (a 768x768 image for Florence-2: ~20 ms of one core
+    with HF's PIL processor); sent in parts, a call of hundreds of images keeps the device
+    busy with the first while the host prepares the rest, instead of idle until all are
+    ready."""
+    if (not may_split or len(items) <= MEDIA_PART
+            or not any(item.get("image_data") or item.get("audio_data") for item in items)):
+        return [slice(None)]
+    return [slice(i, i + MEDIA_PART) for i in range(0, len(items), MEDIA_PART)]
 
 
 def _check_beams(sp: SamplingParams, obj: GenerateReqInput) -> None:
