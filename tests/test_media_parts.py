@@ -5,6 +5,9 @@ image in a later part fails the call by name with nothing left behind."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -52,22 +55,30 @@ def _hf(processor, model, task: str, image: Image.Image) -> list[int]:
 @pytest.fixture
 def watched(florence, monkeypatch):
     """The engine with parts of two prompts, and the order of its images' preprocessing and
-    its messages to the scheduler."""
+    its messages to the scheduler. An image after the first part's two waits (at most 30 s)
+    until a part has been sent: the first part must go without waiting for the others."""
     engine = florence[0]
     tm = engine.tokenizer_manager
     monkeypatch.setattr(tokenizer_manager, "MEDIA_PART", 2)
     events: list[tuple[str, int]] = []
     send, process = tm.link.send, tm.image_processor.__class__.__call__
+    first_part = {im.tobytes() for im in IMAGES[:2]}
+    one_sent = threading.Event()
 
     def sending(reqs):
         events.append(("send", len(reqs)))
+        one_sent.set()
         return send(reqs)
 
     def processing(self, ident, decode):
+        if not any(ident.endswith(raw) for raw in first_part):
+            one_sent.wait(30)
         events.append(("image", 1))
         return process(self, ident, decode)
 
     monkeypatch.setattr(tm.link, "send", sending)
+    # (threads for all five images: the waiting ones never hold up the first part's)
+    monkeypatch.setattr(tm, "media_pool", ThreadPoolExecutor(max_workers=len(IMAGES)))
     monkeypatch.setattr(tm.image_processor.__class__, "__call__", processing)
     return events
 

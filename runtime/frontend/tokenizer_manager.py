@@ -533,10 +533,13 @@ class TokenizerManager:
         group = obj.group or uuid.uuid4().hex
         states: list[_ReqState] = []  # one per result (a beam request has k), prompt-major
         sent: list[TokenizedRequest] = []  # as sent (images by their PixelStore files)
+        # every part's preprocessing is queued at once (the media threads never wait for a
+        # part to be sent); each part goes as soon as it and the ones before it are ready
+        parts = [loop.run_in_executor(None, self._tokenize_items, obj, items[part], group)
+                 for part in media_parts(items, obj.decoder_variants is None)]
         try:
-            for part in media_parts(items, obj.decoder_variants is None):
-                reqs, answers = await loop.run_in_executor(None, self._tokenize_items, obj,
-                                                           items[part], group)
+            for part in parts:
+                reqs, answers = await part
                 self._register(states, reqs, answers, obj.show_replica)
                 start = len(sent)
                 for r in reqs:  # (in `sent` one by one: a failure releases what was stored)
@@ -561,6 +564,8 @@ class TokenizerManager:
             self.link.finished(sent)
             for r in sent:
                 self._release(r)
+            for part in parts:  # (those after a failed one: nothing of theirs was stored or
+                part.add_done_callback(_retrieved)  # sent; their errors are dropped)
 
     def _register(self, states: list[_ReqState], reqs: list[TokenizedRequest],
                   answers: dict[str, TaskAnswer], show_replica: bool) -> None:
@@ -821,6 +826,12 @@ class TokenizerManager:
             raise EngineDeadError(self.dead_reason)
         if self.draining:
             raise EngineDeadError("the server is shutting down")
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark a future's error as seen (a part nobody waits for any more)."""
+    if not future.cancelled():
+        future.exception()
 
 
 MEDIA_PART = 16  # prompts with images or audio a part of a call (`media_parts`)
