@@ -122,3 +122,34 @@ def test_a_bad_image_in_a_later_part_fails_the_call_cleanly(florence, watched):
     engine.check_integrity()  # (every slot of the aborted parts given back)
     out = engine.generate(prompt=TASKS[0], image_data=[IMAGES[0]], sampling_params=SP)
     assert out["output_ids"] == _hf(processor, model, TASKS[0], IMAGES[0])
+
+
+def test_split_rows_keeps_a_batch_within_the_images_per_call():
+    from seq2serve.runtime.frontend.generate_request import GenerateReqInput, split_rows
+
+    a, b = object(), object()
+    obj = GenerateReqInput(text=["p"] * 5, image_data=[[a], [a, b], None, [b], a])
+    chunks = split_rows(obj, 100, max_images=2)
+    assert [c.text for c in chunks] == [["p"], ["p", "p"], ["p", "p"]]
+    assert [c.image_data for c in chunks] == [[[a]], [[a, b], None], [[b], a]]
+    assert len({c.group for c in chunks}) == 1
+    assert split_rows(obj, 100) == [obj] == split_rows(obj, 100, max_images=5)
+    # a prompt over the limit alone stays alone (refused by name when tokenized)
+    assert [c.image_data for c in split_rows(obj, 100, max_images=1)] == [
+        [[a]], [[a, b]], [None, [b]], [a]]
+
+
+def test_the_engine_takes_more_images_than_one_call_may_hold(florence, tmp_path):
+    """A Python list of prompts with more images than `max_images_per_call` (an HTTP body's
+    limit) is cut into calls within it, each answering as HF does."""
+    _, processor, model = florence
+    path = str(write_florence2_checkpoint("tied", tmp_path / "few", eos_boost=2.5))
+    with Seq2SeqEngine(model_path=path, device="cpu", dtype="float32",
+                       max_images_per_call=2) as engine:
+        outs = engine.generate(prompt=TASKS, image_data=[[im] for im in IMAGES],
+                               sampling_params=SP)
+        # (one prompt's images are never split: over the limit alone, refused by name)
+        with pytest.raises(ValueError, match=r"limit of 2 \(max_images_per_call\)"):
+            engine.generate(prompt=TASKS[0], image_data=IMAGES[:3], sampling_params=SP)
+    for out, task, image in zip(outs, TASKS, IMAGES):
+        assert out["output_ids"] == _hf(processor, model, task, image), task

@@ -123,8 +123,9 @@ class Seq2SeqEngine:
                                show_replica=True)  # the engine's caller runs the server
         if stream:
             return self._sync_iter(self.tokenizer_manager.generate(obj))
-        # max_batch_inputs bounds an HTTP body; a Python list of any length goes in chunks
-        chunks = split_rows(obj, self.args.max_batch_inputs)
+        # max_batch_inputs and max_images_per_call bound an HTTP body; a Python list of any
+        # length goes in chunks
+        chunks = split_rows(obj, self.args.max_batch_inputs, self.args.max_images_per_call)
         results = self._call(_collect_all(self.tokenizer_manager, chunks))
         return results if _returns_list(obj) else results[0]
 
@@ -242,7 +243,7 @@ class Seq2SeqEngine:
                                show_replica=True)  # the engine's caller runs the server
         if stream:
             return self._async_iter(self.tokenizer_manager.generate(obj))
-        chunks = split_rows(obj, self.args.max_batch_inputs)
+        chunks = split_rows(obj, self.args.max_batch_inputs, self.args.max_images_per_call)
         results = await self._acall(_collect_all(self.tokenizer_manager, chunks))
         return results if _returns_list(obj) else results[0]
 

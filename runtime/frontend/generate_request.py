@@ -139,10 +139,12 @@ class GenerateReqInput:
         return is_batch, items
 
 
-def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
-    """`obj` as consecutive batches of at most `max_rows` rows each (a prompt's rows never
-    split; one prompt over the limit stays alone, to be refused), whose results in order are
-    `obj`'s. A single prompt, or a batch within the limit, is returned as it is."""
+def split_rows(obj: GenerateReqInput, max_rows: int,
+               max_images: int | None = None) -> list[GenerateReqInput]:
+    """`obj` as consecutive batches of at most `max_rows` rows each, and of at most
+    `max_images` images (None: any), whose results in order are `obj`'s. A prompt's rows and
+    images never split: one prompt over a limit stays alone, to be refused. A single prompt,
+    or a batch within the limits, is returned as it is."""
     prompts = next(p for p in (obj.text, obj.input_ids, obj.audio_data, []) if p is not None)
     is_batch = isinstance(prompts, list) and bool(prompts) and (
         obj.input_ids is None or isinstance(prompts[0], list))
@@ -154,19 +156,27 @@ def split_rows(obj: GenerateReqInput, max_rows: int) -> list[GenerateReqInput]:
                "audio_seek")
               if getattr(obj, k) is not None}
     rows = [rows_per_prompt(sp) for sp in fields.get("sampling_params", [None] * n)]
-    if sum(rows) <= max_rows:
+    images = [_image_count(v) for v in fields.get("image_data", [None] * n)]
+    max_images = sum(images) if max_images is None else max_images
+    if sum(rows) <= max_rows and sum(images) <= max_images:
         return [obj]
-    chunks, start, count = [], 0, 0
+    chunks, start, count, held = [], 0, 0, 0
     group = obj.group or uuid.uuid4().hex  # one caller: admitted as fairly as one batch
-    for i, r in enumerate(rows + [max_rows + 1]):  # a sentinel closes the last chunk
-        if count and (count + r > max_rows or i == n):
-            part = slice(start, i)
+    for i, (r, m) in enumerate(zip(rows + [max_rows + 1], images + [0])):  # (a sentinel
+        if count and (count + r > max_rows or held + m > max_images or i == n):  # closes
+            part = slice(start, i)  # the last chunk)
             chunks.append(dataclasses.replace(
                 obj, **{_prompt_field(obj): prompts[part]},
                 **{k: v[part] for k, v in fields.items()}, group=group))
-            start, count = i, 0
+            start, count, held = i, 0, 0
         count += r
+        held += m
     return chunks
+
+
+def _image_count(image_data: Any) -> int:
+    """The images of one prompt's `image_data` (None, one image, or a list)."""
+    return 0 if image_data is None else len(image_data) if isinstance(image_data, list) else 1
 
 
 def _prompt_field(obj: GenerateReqInput) -> str:
