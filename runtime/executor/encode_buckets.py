@@ -6,8 +6,9 @@ first product of a row count it has not seen costs 2.5-4 ms of host time against
 inputs' tokens, which under a served load take a new value nearly every pass: OPUS-MT's passes
 of 4-24 inputs cost 6-24 ms the first time a size came and 3-6 ms the second. Padding a pass
 to one of ~8 sizes an octave (`models/row_buckets.py`: at most 1/8 more tokens) keeps the
-shapes few: each is paid once in a server's life. (models/ops.py pads the rows of other eager
-GEMMs one product at a time; a pass padded whole needs no copy per GEMM.)
+shapes few: each is paid once in a server's life. (Padding the rows of every eager GEMM one
+product at a time, in models/ops.py, was tried and taken out: its copies cost Llama 8-15 %
+under long prefills. A pass padded whole needs no copy per GEMM.)
 
 The padding is whole inputs of at most `PAD_SEGMENT` tokens, none longer than the pass's
 longest input (so that no model's position limit is reached), whose outputs are dropped:
