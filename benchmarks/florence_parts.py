@@ -1,0 +1,70 @@
+"""florence-2-large offline (bench offline's workload: 256 requests, a 768x768 image and 16
+prompt tokens each, 3 beams, 64 tokens) on one engine, a call sent in parts of 16 prompts
+(`tokenizer_manager.media_parts`) against the same call sent whole, interleaved; and when each
+part reached the scheduler's link, from the call's start (where the front end, the encoder or
+the decode steps hold a run).
+
+    python3 benchmarks/florence_parts.py [--rounds 3] [--parts 16,1000000] [--threads 16,1]
+
+`--threads`: the engine process's torch threads (the media threads' torch ops; the scheduler
+is a process of its own) tried for each part size. Each line is printed as it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import seq2serve.runtime.frontend.tokenizer_manager as tm_module
+from seq2serve.runtime.bench import cli_bench
+from seq2serve.runtime.bench.engine_bench import time_engine, warm_engine
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--parts", default="16,1000000")
+    p.add_argument("--threads", default="")
+    p.add_argument("--requests", type=int, default=256)
+    cli = p.parse_args()
+    args = argparse.Namespace(
+        shape="florence-2-large", model_path=None, num_requests=cli.requests, input_len=16,
+        output_len=64, image_size=None, batch_sizes="384", num_beams=3, dtype="bfloat16",
+        device=None, engine_args=json.dumps({"compile_encoder": True}), baseline=set())
+    model_dir, load = cli_bench._model(args)
+    _, reqs = cli_bench._requests(model_dir, args, cli.requests)
+    threads = [int(t) for t in cli.threads.split(",") if t] or [torch.get_num_threads()]
+    with cli_bench._engine(model_dir, load, args, 384) as engine:
+        tm = engine.tokenizer_manager
+        print(f"image processor {type(tm.image_processor.hf).__name__}", flush=True)
+        warm_engine(engine, reqs, 3, full=(384, 64))
+        sends: list[tuple[float, int]] = []
+        send = tm.link.send
+
+        def timed_send(msg, *a, **k):
+            sends.append((time.perf_counter(), len(msg)))
+            return send(msg, *a, **k)
+
+        tm.link.send = timed_send
+        for _ in range(cli.rounds):
+            for part in [int(x) for x in cli.parts.split(",")]:
+                for n in threads:
+                    tm_module.MEDIA_PART = part
+                    torch.set_num_threads(n)
+                    tm.image_processor.memo.clear()  # (every image preprocessed again)
+                    sends.clear()
+                    start = time.perf_counter()
+                    r = time_engine(engine, reqs, 64, 3)
+                    at = [t - start for t, size in sends]
+                    print(f"part {part:7d} threads {n:2d}: {r['tokens_per_s']:6.0f} tok/s, "
+                          f"{r['seconds']:.2f} s, {r['decode_steps']} forwards, encoder "
+                          f"{r['encoder_seconds']:.2f} s, scheduler ttft p50/p99 "
+                          f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms; {len(at)} sends "
+                          f"from {at[0]:.3f} to {at[-1]:.3f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
