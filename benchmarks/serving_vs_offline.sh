@@ -8,14 +8,15 @@
 # search with N beams (requests answered whole; the server runs CONC x N rows); ENGINE_ARGS:
 # the offline engine's options as JSON (default: dummy weights, bf16, mem_fraction 0.9);
 # AUDIO_SECONDS=S: a Whisper shape's load, S-second WAV clips to /v1/audio/transcriptions
-# (`bench serving --audio-seconds`; [in] unused); SPY_AT, SPY_SECONDS, SPY_ARGS: when py-spy
+# (`bench serving --audio-seconds`; [in] unused); IMAGE_SIZE=S: an image model's load (Florence-2,
+# Mllama), chat messages of a distinct SxS JPEG image and [in] words (`--image-size`); SPY_AT, SPY_SECONDS, SPY_ARGS: when py-spy
 # starts (s after the server is up), for how long, more py-spy flags; NO_OFFLINE=1: the
 # fixed-concurrency load without the offline engine's run beside it
 cd "$(dirname "$0")/.." || exit 1
 source benchmarks/gpu_setup.sh
 SHAPE=${1:-mt5-large} CONC=${2:-256} NREQ=${3:-2048} IN=${4:-64} OUTLEN=${5:-128}
 RATES=${6-"20 40 80"} WORKERS=${WORKERS:-8} PORT=30000 BEAMS=${BEAMS:-1}
-AUDIO=${AUDIO_SECONDS:+--audio-seconds $AUDIO_SECONDS}
+MEDIA="${AUDIO_SECONDS:+--audio-seconds $AUDIO_SECONDS} ${IMAGE_SIZE:+--image-size $IMAGE_SIZE}"
 OUTDIR=${OUT:-/tmp/serving_bench}; mkdir -p "$OUTDIR"
 MODEL=$(python3 -c "from seq2serve.runtime.bench.shapes import write_shape; print(write_shape('$SHAPE', '/tmp/shape-$SHAPE'))")
 S2S="python3 -m seq2serve.runtime.cli"
@@ -38,7 +39,7 @@ SPY=/tmp/site/bin/py-spy
     -o "$OUTDIR/spy_c$CONC.txt" >"$OUTDIR/spy.log" 2>&1) &
 $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --input-len "$IN" \
     --output-len "$OUTLEN" --concurrency "$CONC" --workers "$WORKERS" $([ -z "${NO_OFFLINE:-}" ] && echo --compare-offline) \
-    --num-beams "$BEAMS" $AUDIO \
+    --num-beams "$BEAMS" $MEDIA \
     --engine-args "${ENGINE_ARGS:-{\"load_format\": \"dummy\", \"dtype\": \"bfloat16\", \"mem_fraction\": 0.9\}}" \
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
 curl -s "http://127.0.0.1:$PORT/metrics" >"$OUTDIR/metrics_c$CONC.txt"
@@ -47,7 +48,7 @@ for RATE in $RATES; do
     N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")
     $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" \
         --input-len "$IN" --output-len "$OUTLEN" --request-rate "$RATE" --workers "$WORKERS" \
-        --num-beams "$BEAMS" $AUDIO \
+        --num-beams "$BEAMS" $MEDIA \
         --json "$OUTDIR/serving_rate$RATE.json" | grep -Ev '^\s*[][{}"0-9-]'
 done
 cat "$OUTDIR/top_c$CONC.txt" 2>/dev/null | sed -n 7,16p

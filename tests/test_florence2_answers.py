@@ -234,3 +234,31 @@ def test_chat_refuses_what_florence_cannot_answer(server, messages, message):
     with pytest.raises(openai.BadRequestError, match=message) as e:
         client.chat.completions.create(model=server.model, messages=messages, max_tokens=2)
     assert e.value.status_code == 400
+
+
+def test_bench_serving_sends_images_to_chat(server):
+    """`bench serving --image-size`: chat messages of a distinct JPEG image and words to
+    /v1/chat/completions, streamed (with beams answered whole), each answer --output-len
+    tokens; the warm-up's images are not the load's; the offline engine answers the same
+    messages as the chat endpoint hands them to generate (--compare-offline)."""
+    from seq2serve.runtime.bench.serving import measure, warmup_workload, workload
+    from seq2serve.runtime.bench.serving_offline import compare_offline
+
+    res = measure(server.url, 4, 3, 5, 2, None, warmup=None, image_size=48)
+    assert (res["completed"], res["failed"], res["output_tokens"]) == (4, 0, 20), res["errors"]
+    assert (res["warmup"]["completed"], res["image_size"]) == (2, 48)
+    assert 0 < res["ttft"]["p50_ms"] <= res["e2e"]["p50_ms"] and res["input_tokens"] > 0
+    urls = lambda ms: {m["content"][0]["image_url"]["url"] for m in ms}  # noqa: E731
+    load = workload(4, 3, image_size=48)
+    assert len(urls(load)) == 4 and not urls(load) & urls(warmup_workload(2, 3, 0, None, 48))
+    beams = measure(server.url, 2, 3, 5, 2, None, num_beams=2, image_size=48)
+    assert (beams["completed"], beams["output_tokens"]) == (2, 10), beams["errors"]
+    assert beams["ttft"] == beams["e2e"]
+    offline = compare_offline(server.url, load, 5, 2, {"device": "cpu", "dtype": "float32"},
+                              warmup_prompts=warmup_workload(2, 3, 0, None, 48))
+    assert offline["output_tokens"] == 20
+    assert offline["scheduler"]["encoder_inputs"] == 4  # (each image encoded once)
+    with pytest.raises(ValueError, match="image-size must be"):
+        workload(1, 1, image_size=0)
+    with pytest.raises(ValueError, match="not both"):
+        workload(1, 1, audio_seconds=2.0, image_size=8)

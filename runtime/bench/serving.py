@@ -5,7 +5,9 @@ bench_serving's figures: request and output token throughput, time to first toke
 inter-token and end-to-end latency (mean, p50, p90, p99); with `--compare-offline` the
 offline engine's throughput on the same workload (serving_offline.py) and the ratio. With
 `--audio-seconds` the requests are WAV clips to /v1/audio/transcriptions (a speech model's
-server), each answered with exactly `--output-len` tokens.
+server), each answered with exactly `--output-len` tokens; with `--image-size` they are chat
+messages to /v1/chat/completions, each a distinct JPEG image and `--input-len` words (an
+image model's server: Florence-2, Mllama).
 
 Before the timed load, a warm-up round of distinct requests (`--warmup-requests`; by default
 one round at the load's concurrency) runs the server's first batches of each size: on a
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 
-from seq2serve.runtime.bench.serving_load import LoadSpec, make_prompts
+from seq2serve.runtime.bench.serving_load import LoadSpec, make_image_messages, make_prompts
 from seq2serve.runtime.bench.step_stats import describe, window
 from seq2serve.runtime.bench.workload import wav_clips
 
@@ -47,6 +49,10 @@ def add_serving_parser(sub) -> None:
                    help="send distinct synthetic clips this long (at most 30) as WAV files to "
                         "/v1/audio/transcriptions instead of text prompts (--input-len unused; "
                         "streamed, language en, min_tokens = max_tokens = --output-len)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="send chat messages to /v1/chat/completions instead, each a distinct "
+                        "random square JPEG image of this many pixels a side (a data URL) "
+                        "and --input-len words of text")
     p.add_argument("--warmup-requests", type=int, default=None,
                    help="distinct requests sent (all at once) before the timed load, reported "
                         "apart (default: one round, the concurrency or the rate's requests in "
@@ -58,8 +64,16 @@ def add_serving_parser(sub) -> None:
 
 
 def workload(num_requests: int, input_len: int, seed: int = 0,
-             audio_seconds: float | None = None) -> list[str | bytes]:
-    """The requests' prompts: text of `input_len` words, or WAV clips of `audio_seconds`."""
+             audio_seconds: float | None = None,
+             image_size: int | None = None) -> list[str | dict | bytes]:
+    """The requests' prompts: text of `input_len` words, chat messages of an `image_size`
+    image and such text, or WAV clips of `audio_seconds`."""
+    if image_size is not None:
+        if audio_seconds is not None:
+            raise ValueError("give --image-size or --audio-seconds, not both")
+        if not 0 < image_size <= 4096:
+            raise ValueError(f"--image-size must be in (0, 4096] pixels, got {image_size}")
+        return make_image_messages(num_requests, input_len, image_size, seed)
     if audio_seconds is None:
         return make_prompts(num_requests, input_len, seed)
     if not 0 < audio_seconds <= 30:
@@ -71,7 +85,8 @@ def workload(num_requests: int, input_len: int, seed: int = 0,
 def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
             concurrency: int | None, rate: float | None, workers: int = 1,
             api_key: str | None = None, seed: int = 0, num_beams: int = 1,
-            audio_seconds: float | None = None, warmup: int | None = 0) -> dict:
+            audio_seconds: float | None = None, warmup: int | None = 0,
+            image_size: int | None = None) -> dict:
     """One load's figures (`concurrency` None: Poisson arrivals at `rate`), merged over
     `workers` client processes, after `warmup` distinct requests sent at once (None: one
     round, `warmup_count`), whose own figures come as `warmup`."""
@@ -85,13 +100,13 @@ def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
         warmup = warmup_count(num_requests, concurrency, rate)
     if warmup < 0:
         raise ValueError(f"--warmup-requests must be at least 0, got {warmup}")
-    prompts = workload(num_requests, input_len, seed, audio_seconds)
+    prompts = workload(num_requests, input_len, seed, audio_seconds, image_size)
     spec = LoadSpec(base_url, tuple(prompts), output_len, concurrency, rate, api_key, seed,
                     num_beams=num_beams)
     warm = None
     if warmup:
         warm_spec = LoadSpec(base_url, tuple(warmup_workload(warmup, input_len, seed,
-                                                              audio_seconds)),
+                                                              audio_seconds, image_size)),
                              output_len, warmup, None, api_key, seed, num_beams=num_beams,
                              progress=False)
         warm = run_workers(warm_spec, 1)
@@ -101,7 +116,8 @@ def measure(base_url: str, num_requests: int, input_len: int, output_len: int,
     # (the scheduler's side of the load: None where the server does not answer /debug/stats)
     server = window(before, after, elapsed) if before and after else None
     return res | {"concurrency": concurrency, "rate": rate, "num_beams": num_beams,
-                  "audio_seconds": audio_seconds, "warmup": warm, "server": server}
+                  "audio_seconds": audio_seconds, "image_size": image_size, "warmup": warm,
+                  "server": server}
 
 
 def server_stats(base_url: str, api_key: str | None = None) -> dict | None:
@@ -123,18 +139,18 @@ def warmup_count(num_requests: int, concurrency: int | None, rate: float | None)
     return min(per_round, num_requests)
 
 
-def warmup_workload(n: int, input_len: int, seed: int,
-                    audio_seconds: float | None) -> list[str | bytes]:
+def warmup_workload(n: int, input_len: int, seed: int, audio_seconds: float | None,
+                    image_size: int | None = None) -> list[str | dict | bytes]:
     """`n` requests none of the load's prompts repeats (another seed): the server's caches
     (radix, encoder) cannot answer the timed load from them."""
-    return workload(n, input_len, seed + 1_000_003, audio_seconds)
+    return workload(n, input_len, seed + 1_000_003, audio_seconds, image_size)
 
 
 def _serving(args) -> dict:
     res = measure(args.base_url, args.num_requests, args.input_len, args.output_len,
                   None if args.request_rate else args.concurrency, args.request_rate,
                   args.workers, args.api_key, args.seed, args.num_beams, args.audio_seconds,
-                  args.warmup_requests)
+                  args.warmup_requests, args.image_size)
     if res["warmup"]:
         w = res["warmup"]
         print(f"warm-up (not in the figures below): {w['completed']}/{w['requests']} requests "
@@ -148,10 +164,11 @@ def _serving(args) -> dict:
         warm = res["warmup"]["requests"] if res["warmup"] else 0
         res["offline"] = compare_offline(
             args.base_url, workload(args.num_requests, args.input_len, args.seed,
-                                    args.audio_seconds),
+                                    args.audio_seconds, args.image_size),
             args.output_len, res["concurrency"], json.loads(args.engine_args), args.num_beams,
             warmup_prompts=warmup_workload(warm, args.input_len, args.seed,
-                                           args.audio_seconds) if warm else None)
+                                           args.audio_seconds, args.image_size)
+            if warm else None)
         res["server_over_offline"] = (res["output_tokens_per_s"]
                                       / res["offline"]["output_tokens_per_s"])
         print(f"offline engine: {res['offline']['output_tokens_per_s']:.1f} output tok/s; "

@@ -1,5 +1,6 @@
-"""One client's load against a server: the workload's prompts (text to /v1/completions, or
-audio files to /v1/audio/transcriptions), its requests streamed at a fixed concurrency or as
+"""One client's load against a server: the workload's prompts (text to /v1/completions, a
+user message with an image to /v1/chat/completions, or audio files to
+/v1/audio/transcriptions), its requests streamed at a fixed concurrency or as
 Poisson arrivals (with beams: answered whole, TTFT = E2E), each request's record (TTFT,
 inter-token gaps, end-to-end time, token counts), and bench_serving's figures over any set of
 records."""
@@ -36,9 +37,10 @@ class LoadSpec:
     """One client's share of the load (picklable: it crosses to the worker processes)."""
 
     base_url: str
-    # text prompts (/v1/completions), or audio files' bytes (/v1/audio/transcriptions: each
-    # answer exactly output_len tokens, min_tokens = max_tokens)
-    prompts: tuple[str | bytes, ...]
+    # text prompts (/v1/completions), chat messages (a dict: one user message, its image as
+    # a data URL, to /v1/chat/completions), or audio files' bytes (/v1/audio/transcriptions:
+    # each answer exactly output_len tokens, min_tokens = max_tokens)
+    prompts: tuple[str | dict | bytes, ...]
     output_len: int
     concurrency: int | None  # None: Poisson arrivals at `rate`
     rate: float | None
@@ -47,19 +49,22 @@ class LoadSpec:
     progress: bool = True
     num_beams: int = 1  # > 1: beam search, answered whole (a beam result is not streamed)
 
-    def body(self, prompt: str) -> dict:
+    def body(self, prompt: str | dict) -> dict:
+        """The JSON body for a text prompt (/v1/completions) or a chat message."""
+        first = {"messages": [prompt]} if isinstance(prompt, dict) else {"prompt": prompt}
         if self.num_beams > 1:
-            return {"prompt": prompt, "max_tokens": self.output_len, "stream": False,
+            return {**first, "max_tokens": self.output_len, "stream": False,
                     "temperature": 0, "ignore_eos": True, "num_beams": self.num_beams}
-        return {"prompt": prompt, "max_tokens": self.output_len, "stream": True,
+        return {**first, "max_tokens": self.output_len, "stream": True,
                 "temperature": 0, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
 
-    def request(self, prompt: str | bytes) -> tuple[str, dict, bool]:
+    def request(self, prompt: str | dict | bytes) -> tuple[str, dict, bool]:
         """(path, httpx's keyword arguments, streamed) of the request for `prompt`."""
-        if isinstance(prompt, str):
+        if isinstance(prompt, (str, dict)):
             body = self.body(prompt)
-            return "/v1/completions", {"json": body}, body["stream"]
+            path = "/v1/chat/completions" if isinstance(prompt, dict) else "/v1/completions"
+            return path, {"json": body}, body["stream"]
         form = {"response_format": "json", "temperature": "0", "language": "en",
                 "max_tokens": str(self.output_len), "min_tokens": str(self.output_len)}
         if self.num_beams > 1:
@@ -74,6 +79,28 @@ def make_prompts(num_requests: int, input_len: int, seed: int = 0) -> list[str]:
     """`input_len` words per prompt, the same for a seed in every process."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(_WORDS) for _ in range(input_len)) for _ in range(num_requests)]
+
+
+def make_image_messages(num_requests: int, input_len: int, image_size: int,
+                        seed: int = 0) -> list[dict]:
+    """One user message a request: a distinct random `image_size`-pixel square image (JPEG,
+    quality 90, as a data URL, as a client uploads a photo), then `input_len` words of text
+    (Florence-2 reads them as its free-text task prompt; Mllama's chat template puts the
+    image first)."""
+    import base64
+    import io
+
+    from seq2serve.runtime.bench.workload import random_image
+
+    messages = []
+    for i, text in enumerate(make_prompts(num_requests, input_len, seed)):
+        buf = io.BytesIO()
+        random_image(seed * 100_003 + i, image_size).save(buf, format="JPEG", quality=90)
+        url = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+        messages.append({"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": text}]})
+    return messages
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -168,7 +195,7 @@ async def run_load(spec: LoadSpec) -> tuple[list[RequestRecord], float, float]:
     limits = httpx.Limits(max_connections=spec.concurrency or max(n, 1))
     bar = tqdm(total=n, desc="requests", unit="req", disable=None if spec.progress else True)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def task(prompt: str | bytes) -> RequestRecord:
+        async def task(prompt: str | dict | bytes) -> RequestRecord:
             path, kwargs, stream = spec.request(prompt)
             fixed = spec.output_len if isinstance(prompt, bytes) else 0
             async with sem:

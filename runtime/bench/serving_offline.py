@@ -12,14 +12,18 @@ import time
 from seq2serve.runtime.bench.step_stats import window
 
 
-def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len: int,
-                    concurrency: int | None, engine_args: dict, num_beams: int = 1,
-                    warmup_prompts: list[str] | list[bytes] | None = None) -> dict:
+def compare_offline(base_url: str, prompts: list[str] | list[dict] | list[bytes],
+                    output_len: int, concurrency: int | None, engine_args: dict,
+                    num_beams: int = 1,
+                    warmup_prompts: list[str] | list[dict] | list[bytes] | None = None
+                    ) -> dict:
     """The engine's output tokens/s over `prompts`, all submitted at once with at most
     `concurrency` requests running (None: all; with beams, that many times num_beams rows),
     after a warm-up: `warmup_prompts` as the server's warm-up sent them (None: two short
     requests). Audio files (bytes) go in as `audio_data` with the server's decoder prompt
-    (English, no timestamps) and exactly `output_len` tokens each."""
+    (English, no timestamps) and exactly `output_len` tokens each. Chat messages (dicts) go
+    in as the chat endpoint hands them to generate (`Seq2SeqEngine.chat_inputs`: the
+    template applied, or Florence-2's task), their images with them, in one call."""
     import httpx
 
     from seq2serve import Seq2SeqEngine
@@ -30,6 +34,8 @@ def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len:
     if num_beams > 1:
         sp["num_beams"] = num_beams
     opts = {"max_running_requests": running, **engine_args}
+    if isinstance(prompts[0], dict):  # (the engine's caller: all its images in one call)
+        opts.setdefault("max_images_per_call", max(64, len(prompts)))
     inputs = lambda p: {"prompt": p}  # noqa: E731
     if isinstance(prompts[0], bytes):
         from seq2serve.runtime.frontend.transcription import WhisperPrompt
@@ -39,6 +45,8 @@ def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len:
         sp = {**sp, "ignore_eos": False, "min_new_tokens": output_len}
         inputs = lambda p: {"audio_data": p, "decoder_input_ids": [ids] * len(p)}  # noqa: E731
     with Seq2SeqEngine(model_path=info["model_path"], **opts) as engine:
+        if isinstance(prompts[0], dict):
+            inputs = lambda p: _chat_batch(engine, p)  # noqa: E731
         if warmup_prompts:
             engine.generate(**inputs(warmup_prompts), sampling_params=sp)
         else:
@@ -53,3 +61,11 @@ def compare_offline(base_url: str, prompts: list[str] | list[bytes], output_len:
     return {"model_path": info["model_path"], "engine_args": opts, "seconds": seconds,
             "output_tokens": tokens, "output_tokens_per_s": tokens / seconds,
             "requests_per_s": len(outs) / seconds, "scheduler": scheduler}
+
+
+def _chat_batch(engine, messages: list[dict]) -> dict:
+    """One generate call's inputs for one user message a request (`chat_inputs` each)."""
+    each = [engine.chat_inputs([m]) for m in messages]
+    key = "input_ids" if "input_ids" in each[0] else "text"
+    return {"prompt" if key == "text" else key: [e[key] for e in each],
+            "image_data": [e.get("image_data") or [] for e in each]}

@@ -318,12 +318,17 @@ class Seq2SeqEngine:
         Content parts may carry images ({"type": "image", "image": ...} or OpenAI's
         {"type": "image_url", ...}). Florence-2: one user message with one image and a task
         token, answered as generate(prompt=task, image_data=[image]) (`florence_chat.py`)."""
-        tm = self.tokenizer_manager
-        prompt = (task_request(messages, tm.info) if tm.info.get("image_prompt")
-                  else chat_prompt(tm.tokenizer, messages))
+        prompt = self.chat_inputs(messages)
         return self.generate(prompt=prompt.get("text"), input_ids=prompt.get("input_ids"),
                              image_data=prompt.get("image_data") or None,
                              sampling_params=sampling_params, stream=stream, user=user)
+
+    def chat_inputs(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """What `chat` hands to `generate` for one conversation: {"text" or "input_ids",
+        "image_data"} (the chat template applied, or Florence-2's task and image)."""
+        tm = self.tokenizer_manager
+        return (task_request(messages, tm.info) if tm.info.get("image_prompt")
+                else chat_prompt(tm.tokenizer, messages))
 
     def tokenize(self, text: str | list[str], add_special_tokens: bool = True):
         """Token ids of a text (a list for a list) as generate would see it as a prompt, or,
