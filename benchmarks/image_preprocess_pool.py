@@ -1,7 +1,7 @@
 """HF's image processor for florence-2-large's shape on 256 images of 768x768, one after
 another, on threads and on processes: what parallel preprocessing of one call's images can
 gain on this host (each image hashed, preprocessed to bf16 and written to /dev/shm, as the
-tokenizer manager does).
+tokenizer manager does), and one processor call for a part of 16 or 64 images.
 
     python3 benchmarks/image_preprocess_pool.py [--workers 8,16]
 """
@@ -41,6 +41,20 @@ def _one(item) -> tuple[str, tuple[int, ...]]:
     return key, tuple(pixels.shape)
 
 
+def _part(item) -> list[tuple[int, ...]]:
+    """A part's images through the processor in one call (its torch backend stacks images
+    of one size and runs each step once for all of them), then each written as `_one`."""
+    images, folder = item
+    keys = [hashlib.sha256(i.mode.encode() + repr(i.size).encode() + i.tobytes()).hexdigest()[:32]
+            for i in images]
+    pixels = _processor(images=images, return_tensors="pt")["pixel_values"]
+    pixels = pixels.to(torch.bfloat16).contiguous()
+    for key, p in zip(keys, pixels):
+        with open(os.path.join(folder, key), "wb") as f:
+            f.write(memoryview(p.view(torch.uint8).numpy()))
+    return [tuple(p.shape) for p in pixels]
+
+
 def main() -> None:
     from seq2serve.runtime.bench.shapes import write_shape
     from seq2serve.runtime.bench.workload import random_image
@@ -68,6 +82,15 @@ def main() -> None:
             start = time.perf_counter()
             list(pool.map(_one, items))
             print(f"{n} threads: {time.perf_counter() - start:.3f} s", flush=True)
+    for size in (16, 64):  # one processor call a part of `size` images
+        parts = [(images[i:i + size], folder) for i in range(0, len(images), size)]
+        for n in workers:
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(_part, parts[:1]))
+                start = time.perf_counter()
+                list(pool.map(_part, parts))
+                print(f"{n} threads, one call a part of {size}: "
+                      f"{time.perf_counter() - start:.3f} s", flush=True)
     for n in workers:  # (each process one torch thread: the pool is the parallelism)
         with ProcessPoolExecutor(n, mp.get_context("spawn"), initializer=_load,
                                  initargs=(path, 1)) as pool:
