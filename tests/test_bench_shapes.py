@@ -133,3 +133,10 @@ def test_whisper_bench_offline_runs_against_hf_and_decodes_as_hf(tmp_path, monke
                                min_new_tokens=out_len, do_sample=False)
     assert got == expected[:, -out_len:].tolist()
     assert len({tuple(t) for t in got}) >= 2, "outputs should differ by clip"
+
+
+def test_an_image_prompt_never_holds_the_image_token():
+    """A small vocabulary whose last id is the image token (the tests' tiny Florence-2):
+    the random prompt ids stay below it, as the engine refuses a placeholder in the prompt."""
+    reqs = make_requests(Workload(64, 40, 4, image_size=8), 300, True, 299, eos=2)
+    assert all(299 not in r.input_ids[1:-1] and max(r.input_ids[1:-1]) < 299 for r in reqs)

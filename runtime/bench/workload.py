@@ -35,7 +35,9 @@ def make_requests(wl: Workload, vocab_size: int, is_encoder_decoder: bool,
     reqs = []
     for i in range(wl.num_requests):
         if is_encoder_decoder and image_token_id is not None:
-            ids = [rng.randrange(3, min(vocab_size, 32000)) for _ in range(wl.input_len - 2)]
+            # (below the image token, Florence-2's last id: never a placeholder in the prompt)
+            top = min(vocab_size, 32000, image_token_id)
+            ids = [rng.randrange(3, top) for _ in range(wl.input_len - 2)]
             reqs.append(BenchRequest([0] + ids + [eos], image=random_image(
                 wl.seed * 100003 + i, wl.image_size)))
         elif is_encoder_decoder:  # a source ending with the model's EOS (T5's: 1)
