@@ -100,9 +100,7 @@ class GenerateReqInput:
                 item[key] = v
         for item in items:
             item.setdefault("audio_data", None)
-            imgs = item["image_data"]
-            item["image_data"] = [] if imgs is None else (imgs if isinstance(imgs, list)
-                                                           else [imgs])
+            item["image_data"] = _prompt_images(item["image_data"])
             d = item["decoder_input_ids"]
             if d is not None and (not isinstance(d, list) or not all(_is_int(t) for t in d)):
                 raise ValueError("decoder_input_ids must be a list of token ids")
@@ -156,15 +154,16 @@ def split_rows(obj: GenerateReqInput, max_rows: int,
                "audio_seek")
               if getattr(obj, k) is not None}
     rows = [rows_per_prompt(sp) for sp in fields.get("sampling_params", [None] * n)]
-    images = [_image_count(v) for v in fields.get("image_data", [None] * n)]
+    images = [len(_prompt_images(v)) for v in fields.get("image_data", [None] * n)]
     max_images = sum(images) if max_images is None else max_images
     if sum(rows) <= max_rows and sum(images) <= max_images:
         return [obj]
     chunks, start, count, held = [], 0, 0, 0
     group = obj.group or uuid.uuid4().hex  # one caller: admitted as fairly as one batch
-    for i, (r, m) in enumerate(zip(rows + [max_rows + 1], images + [0])):  # (a sentinel
-        if count and (count + r > max_rows or held + m > max_images or i == n):  # closes
-            part = slice(start, i)  # the last chunk)
+    # (a sentinel row count closes the last chunk)
+    for i, (r, m) in enumerate(zip(rows + [max_rows + 1], images + [0])):
+        if count and (count + r > max_rows or held + m > max_images or i == n):
+            part = slice(start, i)
             chunks.append(dataclasses.replace(
                 obj, **{_prompt_field(obj): prompts[part]},
                 **{k: v[part] for k, v in fields.items()}, group=group))
@@ -174,9 +173,11 @@ def split_rows(obj: GenerateReqInput, max_rows: int,
     return chunks
 
 
-def _image_count(image_data: Any) -> int:
-    """The images of one prompt's `image_data` (None, one image, or a list)."""
-    return 0 if image_data is None else len(image_data) if isinstance(image_data, list) else 1
+def _prompt_images(image_data: Any) -> list:
+    """One prompt's `image_data` (None, one image, or a list of them) as a list."""
+    if image_data is None:
+        return []
+    return image_data if isinstance(image_data, list) else [image_data]
 
 
 def _prompt_field(obj: GenerateReqInput) -> str:
