@@ -12,6 +12,7 @@ process that was killed is removed by the next store created on the host.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -82,7 +83,12 @@ class PixelStore:
 
 
 def read_pixels(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The pixels a PixelStore file holds (FileNotFoundError if it was deleted)."""
+    """The pixels a PixelStore file holds (FileNotFoundError if it was deleted); a -1 in
+    `shape` takes what the file's size leaves (an audio window's samples: (-1,))."""
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        count = os.path.getsize(path) // dtype.itemsize // max(known, 1)
+        shape = tuple(count if d == -1 else d for d in shape)
     out = torch.empty(shape, dtype=dtype)
     read_pixels_into(path, out)
     return out

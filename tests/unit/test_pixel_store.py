@@ -107,3 +107,13 @@ def test_a_batch_reads_each_file_into_its_slot_and_refuses_a_file_of_another_siz
     except FileNotFoundError:
         pass
     store.close()
+
+
+def test_a_file_of_samples_is_read_whole_by_its_size(tmp_path):
+    """An audio window travels as float32 samples of no fixed count (`read_pixels`' -1)."""
+    from seq2serve.encoders.pixel_store import read_pixels
+
+    store = PixelStore(root=str(tmp_path))
+    samples = torch.linspace(-1, 1, 37)
+    assert torch.equal(read_pixels(store.put("w", samples), torch.float32, (-1,)), samples)
+    store.close()
