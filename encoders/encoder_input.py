@@ -34,8 +34,10 @@ class EncoderPayload(Protocol):
         """The same input with its data left in a `PixelStore` file at `path`."""
 
     @classmethod
-    def batch(cls, payloads: list) -> Any:
-        """One encode batch of several payloads (with `.to(device)`), as the model reads it."""
+    def batch(cls, payloads: list, pin: bool = False) -> Any:
+        """One encode batch of several payloads (with `.to(device)`), as the model reads it;
+        `pin`: its large host tensors page-locked (the device is a GPU: `to_device` then
+        queues their copy without another host copy)."""
 
 
 @dataclass
@@ -92,8 +94,8 @@ class ImageFeatures:
             read_pixels_into(self.pixel_file, out)
 
     @classmethod
-    def batch(cls, payloads: list[ImageFeatures]) -> ImageBatch:
-        return ImageBatch.of(payloads)
+    def batch(cls, payloads: list[ImageFeatures], pin: bool = False) -> ImageBatch:
+        return ImageBatch.of(payloads, pin)
 
 
 @dataclass
@@ -105,8 +107,8 @@ class ImageBatch:
     num_tiles: list[int]
 
     @classmethod
-    def of(cls, images: list[ImageFeatures]) -> ImageBatch:
-        return cls(pixel_values=stacked_pixels(images),
+    def of(cls, images: list[ImageFeatures], pin: bool = False) -> ImageBatch:
+        return cls(pixel_values=stacked_pixels(images, pin),
                    aspect_ratio_ids=torch.tensor([i.aspect_ratio_id for i in images]),
                    num_tiles=[i.num_tiles for i in images])
 
@@ -115,19 +117,18 @@ class ImageBatch:
                           self.aspect_ratio_ids.to(device, non_blocking=True), self.num_tiles)
 
 
-def stacked_pixels(images: list[ImageFeatures]) -> torch.Tensor:
+def stacked_pixels(images: list[ImageFeatures], pin: bool = False) -> torch.Tensor:
     """The images' pixels stacked [images, ...], each file read straight into its slot; in
-    page-locked memory where there is a GPU, so that `to_device` queues the batch's copy
-    without another host copy. (Reading, stacking and pinning one after another cost four
-    copies of every image on the scheduler's thread: florence-2-large's 3.5 MB images, 0.34 s
-    of 256 images' encoder stage on an H200, benchmarks.md.)"""
+    page-locked memory with `pin` (the encoder is on a GPU), so that `to_device` queues the
+    batch's copy without another host copy. (Reading, stacking and pinning one after another
+    cost four copies of every image on the scheduler's thread: florence-2-large's 3.5 MB
+    images, 0.34 s of 256 images' encoder stage on an H200, benchmarks.md.)"""
     shape, dtype = images[0].pixel_shape
     for i, image in enumerate(images):
         if image.pixel_shape != (shape, dtype):
             raise ValueError(f"image {i} of an encoder batch is {image.pixel_shape}, the "
                              f"first {(shape, dtype)}: one batch holds one size")
-    out = torch.empty((len(images), *shape), dtype=dtype,
-                      pin_memory=torch.cuda.is_available())
+    out = torch.empty((len(images), *shape), dtype=dtype, pin_memory=pin)
     for image, slot in zip(images, out):
         image.pixels_into(slot)
     return out

@@ -32,9 +32,9 @@ class ImagePrompt(ImageFeatures):
         return cls(**fields, prompt_ids=tuple(prompt_ids))
 
     @classmethod
-    def batch(cls, payloads: list[ImagePrompt]) -> ImagePromptBatch:
+    def batch(cls, payloads: list[ImagePrompt], pin: bool = False) -> ImagePromptBatch:
         return ImagePromptBatch(
-            pixel_values=stacked_pixels(payloads),
+            pixel_values=stacked_pixels(payloads, pin),
             token_ids=torch.tensor([t for p in payloads for t in p.prompt_ids]),
             text_lens=[len(p.prompt_ids) for p in payloads])
 

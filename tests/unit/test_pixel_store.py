@@ -85,6 +85,7 @@ def test_a_batch_reads_each_file_into_its_slot_and_refuses_a_file_of_another_siz
     batch = [img.stored(store.put(img.key, img.pixel_values)) for img in images[:2]]
     batch.append(images[2])
     stacked = stacked_pixels(batch)
+    assert not stacked.is_pinned()  # (pinned only for a GPU encoder: `pin`)
     assert torch.equal(stacked, torch.stack([img.pixel_values for img in images]))
     with open(store.path("a"), "ab") as f:  # one byte too many
         f.write(b"\0")
