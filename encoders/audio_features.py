@@ -73,9 +73,10 @@ class AudioFeatures:
         return read_pixels(self.sample_file, torch.float32, (-1,))
 
     @classmethod
-    def batch(cls, payloads: list[AudioFeatures]) -> WindowBatch:
-        """The windows zero-padded to 30 s, as HF's extractor pads them."""
-        out = torch.zeros(len(payloads), N_SAMPLES)
+    def batch(cls, payloads: list[AudioFeatures], pin: bool = False) -> WindowBatch:
+        """The windows zero-padded to 30 s, as HF's extractor pads them (page-locked with
+        `pin`)."""
+        out = torch.zeros(len(payloads), N_SAMPLES, pin_memory=pin)
         for row, p in zip(out, payloads):
             samples = p.read()
             row[:samples.numel()] = samples

@@ -42,6 +42,8 @@ class EncoderStage:
         self.worker = worker
         self.cache = cache
         self.max_batch_tokens = max_batch_tokens  # bounds the activations of one pass
+        # payloads' batches page-locked on the host when the encoder runs on a GPU
+        self.pin = str(worker.device).startswith("cuda")
         self.num_forwards = 0  # encoder passes run (tests count them)
         self.num_encoded_inputs = 0
         self.num_projected_inputs = 0  # warm hits: K/V projected from cached hidden states
@@ -98,7 +100,7 @@ class EncoderStage:
         batch = EncodeBatch(
             token_ids=torch.tensor([t for j in token_jobs for t in j.segment.token_ids])
             if token_jobs else None,
-            model_input=type(payloads[0]).batch(payloads) if payloads else None,
+            model_input=type(payloads[0]).batch(payloads, pin=self.pin) if payloads else None,
             segment_lens=[j.segment.length for j in encode],
             # cross K/V slots: the encoded inputs first, then the projected ones
             cross_out_loc=torch.cat([j.entry.handle.loc for j in encode + project]),

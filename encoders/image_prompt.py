@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seq2serve.encoders.encoder_input import ImageFeatures
+from seq2serve.encoders.encoder_input import ImageFeatures, stacked_pixels
 from seq2serve.models.device_copy import to_device
 
 
@@ -32,9 +32,9 @@ class ImagePrompt(ImageFeatures):
         return cls(**fields, prompt_ids=tuple(prompt_ids))
 
     @classmethod
-    def batch(cls, payloads: list[ImagePrompt]) -> ImagePromptBatch:
+    def batch(cls, payloads: list[ImagePrompt], pin: bool = False) -> ImagePromptBatch:
         return ImagePromptBatch(
-            pixel_values=torch.stack([p.pixels() for p in payloads]),
+            pixel_values=stacked_pixels(payloads, pin),
             token_ids=torch.tensor([t for p in payloads for t in p.prompt_ids]),
             text_lens=[len(p.prompt_ids) for p in payloads])
 

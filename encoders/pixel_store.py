@@ -12,6 +12,7 @@ process that was killed is removed by the next store created on the host.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -82,10 +83,34 @@ class PixelStore:
 
 
 def read_pixels(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The pixels a PixelStore file holds (FileNotFoundError if it was deleted)."""
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+    """The pixels a PixelStore file holds (FileNotFoundError if it was deleted); a -1 in
+    `shape` takes what the file's size leaves (an audio window's samples: (-1,))."""
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        count = os.path.getsize(path) // dtype.itemsize // max(known, 1)
+        shape = tuple(count if d == -1 else d for d in shape)
+    out = torch.empty(shape, dtype=dtype)
+    read_pixels_into(path, out)
+    return out
+
+
+def read_pixels_into(path: str, out: torch.Tensor) -> None:
+    """Fill the contiguous host tensor `out` with the pixels a PixelStore file holds, read
+    straight into it: one copy from the page cache (a batch's slot, pinned, is then copied
+    to the GPU as it is). FileNotFoundError if the file was deleted; ValueError if it does
+    not hold exactly `out`'s bytes."""
+    buf = memoryview(out.view(-1).view(torch.uint8).numpy())
+    filled = 0
+    with open(path, "rb", buffering=0) as f:
+        while filled < len(buf):
+            n = f.readinto(buf[filled:])
+            if not n:
+                break
+            filled += n
+        extra = f.read(1)
+    if filled != len(buf) or extra:
+        raise ValueError(f"the pixel file {path} does not hold the {len(buf)} bytes of its "
+                         f"image ({tuple(out.shape)}, {out.dtype})")
 
 
 _PREFIX = "seq2serve-pixels-"

@@ -74,3 +74,47 @@ def test_a_request_whose_pixels_are_gone_fails_alone(tmp_path):
     assert [o.rid for o in errors] == ["lost"] and "no longer available" in errors[0].error
     assert sum(len(o.new_token_ids) for o in outs if o.rid == "fine") == 3
     sched.check_integrity()
+
+
+def test_a_batch_reads_each_file_into_its_slot_and_refuses_a_file_of_another_size(tmp_path):
+    from seq2serve.encoders.encoder_input import stacked_pixels
+
+    store = PixelStore(root=str(tmp_path))
+    images = [_image(k, v) for k, v in (("a", 0.5), ("b", -2.0), ("c", 3.0))]
+    # the first two travel as files, the third in the request itself
+    batch = [img.stored(store.put(img.key, img.pixel_values)) for img in images[:2]]
+    batch.append(images[2])
+    stacked = stacked_pixels(batch)
+    assert not stacked.is_pinned()  # (pinned only for a GPU encoder: `pin`)
+    assert torch.equal(stacked, torch.stack([img.pixel_values for img in images]))
+    with open(store.path("a"), "ab") as f:  # one byte too many
+        f.write(b"\0")
+    try:
+        stacked_pixels(batch)
+        raise AssertionError("a file of another size was read")
+    except ValueError as e:
+        assert store.path("a") in str(e)
+    other = ImageFeatures(pixel_values=torch.zeros(1, 3, 4, 4, dtype=torch.bfloat16),
+                          aspect_ratio_id=1, num_tiles=1, num_tokens=3, key="d")
+    try:
+        stacked_pixels([images[2], other])
+        raise AssertionError("images of two sizes were stacked")
+    except ValueError as e:
+        assert "image 1" in str(e)
+    os.unlink(store.path("b"))
+    try:
+        stacked_pixels(batch[1:])
+        raise AssertionError("a deleted file was read")
+    except FileNotFoundError:
+        pass
+    store.close()
+
+
+def test_a_file_of_samples_is_read_whole_by_its_size(tmp_path):
+    """An audio window travels as float32 samples of no fixed count (`read_pixels`' -1)."""
+    from seq2serve.encoders.pixel_store import read_pixels
+
+    store = PixelStore(root=str(tmp_path))
+    samples = torch.linspace(-1, 1, 37)
+    assert torch.equal(read_pixels(store.put("w", samples), torch.float32, (-1,)), samples)
+    store.close()
