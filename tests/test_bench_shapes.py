@@ -140,3 +140,21 @@ def test_an_image_prompt_never_holds_the_image_token():
     the random prompt ids stay below it, as the engine refuses a placeholder in the prompt."""
     reqs = make_requests(Workload(64, 40, 4, image_size=8), 300, True, 299, eos=2)
     assert all(299 not in r.input_ids[1:-1] and max(r.input_ids[1:-1]) < 299 for r in reqs)
+
+
+def test_florence_shape_tokenizer_makes_chat_prompts(tmp_path):
+    """The served shape's chat prompts are BOS, the task's prompt, EOS (as HF's processor
+    makes them); a tokenizer without a BOS token is refused by name, not with a TypeError."""
+    from transformers import AutoTokenizer
+
+    from seq2serve.runtime.frontend.image_prompts import task_prompt_ids
+
+    path = str(write_shape("florence-2-large", tmp_path / "florence"))
+    info = ModelConfig.from_path(path).arch.frontend_info()
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = task_prompt_ids(tok, "what is here", info)
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id and len(ids) > 2
+    assert tok.bos_token_id < AutoConfig.from_pretrained(path).text_config.vocab_size
+    tok.bos_token = None
+    with pytest.raises(ValueError, match="no BOS or EOS token"):
+        task_prompt_ids(tok, "what is here", info)

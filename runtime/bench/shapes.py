@@ -206,10 +206,12 @@ def write_shape(name: str, out: str | Path) -> Path:
         MllamaImageProcessor(size={"height": 560, "width": 560},
                                 max_image_tiles=4).save_pretrained(str(out))
     elif name.startswith("florence"):
-        from transformers import CLIPImageProcessor
+        from transformers import AutoTokenizer, CLIPImageProcessor
 
-        for f in T5_TOKENIZER.iterdir():
-            shutil.copy(f, out / f.name)
+        # the T5 tokenizer with a BOS token: Florence-2's prompt is BOS, task, EOS
+        tok = AutoTokenizer.from_pretrained(str(T5_TOKENIZER))
+        tok.add_special_tokens({"bos_token": "<s>"})
+        tok.save_pretrained(str(out))
         # Florence-2's processor: 768x768, ImageNet's mean and deviation, 577 image tokens
         CLIPImageProcessor(size={"height": 768, "width": 768}, do_center_crop=False,
                            crop_size={"height": 768, "width": 768}, resample=3,

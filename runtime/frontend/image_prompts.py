@@ -36,6 +36,9 @@ def task_prompt(text: str, info: dict[str, Any]) -> str:
 
 def task_prompt_ids(tokenizer, text: str, info: dict[str, Any]) -> list[int]:
     """The prompt's token ids after the image's: BOS, the task's prompt, EOS."""
+    if tokenizer.bos_token is None or tokenizer.eos_token is None:
+        raise ValueError("this model's tokenizer has no BOS or EOS token; its prompts are "
+                         "BOS, the task's prompt, EOS (as HF's processor makes them)")
     prompt = tokenizer.bos_token + task_prompt(text, info) + tokenizer.eos_token
     return tokenizer(prompt, add_special_tokens=False).input_ids
 
