@@ -44,9 +44,13 @@ $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$NREQ" --
     --json "$OUTDIR/serving_c$CONC.json" | grep -Ev '^\s*[][{}"0-9-]'
 curl -s "http://127.0.0.1:$PORT/metrics" >"$OUTDIR/metrics_c$CONC.txt"
 curl -s "http://127.0.0.1:$PORT/debug/stats" >"$OUTDIR/stats_c$CONC.json"
+# each rate's load its own prompts (--seed): the concurrency load's, repeated, would be
+# answered by the server's encoder and prefix caches
+SEED=0
 for RATE in $RATES; do
+    SEED=$((SEED + 1))
     N=$(python3 -c "print(int($RATE * ${RATE_SECONDS:-20}))")
-    $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" \
+    $S2S bench serving --base-url "http://127.0.0.1:$PORT" --num-requests "$N" --seed "$SEED" \
         --input-len "$IN" --output-len "$OUTLEN" --request-rate "$RATE" --workers "$WORKERS" \
         --num-beams "$BEAMS" $MEDIA \
         --json "$OUTDIR/serving_rate$RATE.json" | grep -Ev '^\s*[][{}"0-9-]'
