@@ -9,12 +9,15 @@ the decode steps hold a run).
         --dtype float32 --no-compile --requests 8 --rounds 1 --parts 2,1000000
 
 `--threads`: the engine process's torch threads (the media threads' torch ops; the scheduler
-is a process of its own) tried for each part size. Each line is printed as it is measured.
+is a process of its own) tried for each part size. `--jpeg`: each image given as the bytes of
+a JPEG (quality 90, as a client uploads it: the front end decodes it) instead of a decoded
+PIL image. Each line is printed as it is measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import time
 
@@ -36,6 +39,7 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--no-compile", action="store_true", help="the tower not compiled")
+    p.add_argument("--jpeg", action="store_true", help="images as JPEG bytes (see above)")
     cli = p.parse_args()
     args = argparse.Namespace(
         shape=None if cli.model_path else "florence-2-large", model_path=cli.model_path,
@@ -44,6 +48,11 @@ def main() -> None:
         engine_args=json.dumps({"compile_encoder": not cli.no_compile}), baseline=set())
     model_dir, load = cli_bench._model(args)
     _, reqs = cli_bench._requests(model_dir, args, cli.requests)
+    if cli.jpeg:
+        for r in reqs:
+            buf = io.BytesIO()
+            r.image.save(buf, format="JPEG", quality=90)
+            r.image = buf.getvalue()
     threads = [int(t) for t in cli.threads.split(",") if t] or [torch.get_num_threads()]
     with cli_bench._engine(model_dir, load, args, 384) as engine:
         tm = engine.tokenizer_manager
