@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from seq2serve.runtime.bench.serving import measure
+from seq2serve.runtime.bench.serving import measure, print_summary
 from seq2serve.runtime.bench.serving_load import LoadSpec, _sse_lines, make_prompts
 from seq2serve.runtime.bench.serving_workers import split
 from seq2serve.runtime.tools.demo_checkpoint import default_demo_path
@@ -47,13 +47,17 @@ def test_two_workers_report_merged_figures(server, concurrency, rate):
     assert len(res["client_cpu_share"]) == 2
 
 
-def test_beam_requests_are_answered_whole(server):
+def test_beam_requests_are_answered_whole(server, capsys):
     """`--num-beams`: beam search is not streamed, so a request's first token comes with its
-    last (TTFT = E2E) and no inter-token gaps; the server's usage counts the tokens."""
+    last (TTFT = E2E), with no inter-token gaps and no time a token (not a TPOT of 0, which
+    read as a figure); the server's usage counts the tokens."""
     res = measure(server.url, 4, 4, 5, 2, None, workers=1, num_beams=3)
     assert (res["completed"], res["failed"], res["num_beams"]) == (4, 0, 3), res["errors"]
     assert res["output_tokens"] == 4 * 5 and res["input_tokens"] > 0
-    assert res["ttft"] == res["e2e"] and not res["itl"]
+    assert res["ttft"] == res["e2e"] and not res["itl"] and not res["tpot"]
+    print_summary(res)
+    out = capsys.readouterr().out
+    assert "answered whole" in out and "TPOT" not in out and "TTFT" in out
     with pytest.raises(ValueError, match="num-beams"):
         measure(server.url, 1, 1, 1, 1, None, num_beams=0)
 

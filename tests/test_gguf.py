@@ -119,7 +119,10 @@ def test_smollm2_chat_answers_and_greedy_matches_hf(smollm2_dir):
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     prompts = [tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
                    add_special_tokens=False).input_ids for c in CHATS]
-    with Seq2SeqEngine(model_path=str(smollm2_dir), device="cpu") as engine:
+    # (pools of 8,192 tokens: from the host's memory they take ~7 GB, and CI's other worker
+    # runs the README's two SmolLM2 servers of that size at the same time: the host ran out)
+    with Seq2SeqEngine(model_path=str(smollm2_dir), device="cpu",
+                       max_total_tokens=8192) as engine:
         answer = engine.chat(CHATS[0], sampling_params={"max_new_tokens": MAX_NEW,
                                                         "temperature": 0})
         outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW,

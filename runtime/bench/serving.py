@@ -184,6 +184,9 @@ def print_summary(res: dict) -> None:
           f"({res['workers']} client processes): {res['requests_per_s']:.2f} req/s, "
           f"{res['output_tokens_per_s']:.1f} output tok/s", flush=True)
     print(f"  {res['tokens_per_event']:.2f} output tokens per streamed event", flush=True)
+    if res["completed"] and not res["tpot"]:
+        print("  answered whole (one event an answer, as beams are): TTFT is each answer's "
+              "whole time, and there is no time a token", flush=True)
     for name in ("ttft", "itl", "tpot", "e2e"):
         f = res[name]
         if f:

@@ -229,7 +229,9 @@ def summarize(records: list[RequestRecord], seconds: float) -> dict:
         # ITL is per event; an event carries more than one token when the server's HTTP
         # process fell behind (tokens_per_event > 1), and TPOT is per token: SGLang's pair
         "itl": percentiles([x for r in ok for x in r.itls]),
-        "tpot": percentiles([(r.e2e - r.ttft) / (r.tokens - 1) for r in ok if r.tokens > 1]),
+        # (of streamed answers: one answered whole, as beams are, has no time a token)
+        "tpot": percentiles([(r.e2e - r.ttft) / (r.tokens - 1) for r in ok
+                             if r.tokens > 1 and r.events > 1]),
         "tokens_per_event": tokens / max(1, sum(r.events for r in ok)),
         "e2e": percentiles([r.e2e for r in ok]),
     }
