@@ -58,7 +58,9 @@ def add_serving_parser(sub) -> None:
                         "apart (default: one round, the concurrency or the rate's requests in "
                         "one second; 0: none)")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the load's prompts and arrival times; give each load on one server "
+                        "its own (the same prompts again are answered partly from its caches)")
     p.add_argument("--json", default=None)
     p.set_defaults(fn=_serving)
 
