@@ -46,10 +46,10 @@ def add_bench_parser(sub) -> None:
                        help="CTranslate2's compute type (float32, int8, ...)")
         p.add_argument("--hf-modes", default="default,static")
         p.add_argument("--hf-max-batches", type=int, default=2)
-        p.add_argument("--hf-batch-size", type=_sizes, default=None,
-                       help="HF generate's batch size, or several comma-separated (each is "
-                            "run; the ratio is against the best; default: the largest of "
-                            "--batch-sizes)")
+        p.add_argument("--hf-batch-size", type=_sizes, nargs="+", action=_Sizes, default=None,
+                       help="HF generate's batch size, or several, comma- or space-separated "
+                            "(each is run; the ratio is against the best; default: the "
+                            "largest of --batch-sizes)")
         p.add_argument("--num-beams", type=int, default=1,
                        help="beam search (offline): seq2serve, HF and CTranslate2 (beam_size) "
                             "all run num_beams beams; HF's batch halves until it fits")
@@ -62,6 +62,13 @@ def add_bench_parser(sub) -> None:
                            help="run seq2serve and each baseline alternately N times each "
                                 "(one engine, one baseline model); report the medians")
         p.set_defaults(fn=fn)
+
+
+class _Sizes(argparse.Action):
+    """`--hf-batch-size 128,256` and `--hf-batch-size 128 256` alike: one list."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, [size for sizes in values for size in sizes])
 
 
 def _sizes(text: str) -> list[int]:
