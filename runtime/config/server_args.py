@@ -101,6 +101,7 @@ class ServerArgs:
     max_image_pixels: int = 40_000_000  # largest width * height of one image
     allow_remote_media: bool = False  # fetch http(s) image URLs (size-capped, with a timeout)
     allowed_local_media_path: str | None = None  # server: read image file paths under this dir
+    media_processes: int = 0  # decode and preprocess images in N worker processes (0: threads)
     # audio (speech models: Whisper)
     max_audio_bytes: int = 26_214_400  # largest encoded audio file (25 MiB, OpenAI's limit)
     max_audio_seconds: float = 600.0  # longest audio to transcribe (cut into 30 s windows)
@@ -142,6 +143,10 @@ class ServerArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (not isinstance(self.media_processes, int) or isinstance(self.media_processes, bool)
+                or self.media_processes < 0):
+            raise ValueError(f"media_processes must be 0 (media threads) or a positive number "
+                             f"of worker processes, got {self.media_processes!r}")
         for name in ("max_total_tokens", "max_cross_tokens", "context_length", "max_encoder_len",
                      "max_prompt_tokens", "max_new_tokens_limit", "chunked_prefill_size"):
             value = getattr(self, name)

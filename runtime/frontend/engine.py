@@ -74,7 +74,7 @@ class Seq2SeqEngine:
             self.tokenizer_manager = TokenizerManager(
                 self.procs.ipc, tokenizer, self.procs.info, model_id=self.args.model_path,
                 media_policy=policy, limits=self.args.request_limits(),
-                isolation=self.args.isolation())
+                isolation=self.args.isolation(), media_processes=self.args.media_processes)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever,
                                              name="seq2serve-engine-loop", daemon=True)

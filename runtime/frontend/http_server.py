@@ -78,7 +78,7 @@ def create_app(args: ServerArgs, procs: RuntimeProcesses, on_child_death=None,
     tm = TokenizerManager(procs.ipc, tokenizer, procs.info, model_id=args.model_path,
                           media_policy=policy, limits=args.request_limits(),
                           isolation=args.isolation(), server=server,
-                          servers=args.api_server_count)
+                          servers=args.api_server_count, media_processes=args.media_processes)
     metrics = ServerMetrics(replicas=len(procs.schedulers))
     tm.metrics = metrics
     model_name = args.served_model_name or os.path.basename(os.path.normpath(args.model_path))

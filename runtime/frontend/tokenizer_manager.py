@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from PIL import Image
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
 from seq2serve.encoders.image_loader import MediaPolicy, read_image
@@ -84,7 +85,7 @@ class TokenizerManager:
                  media_policy: MediaPolicy | None = None,
                  limits: RequestLimits | None = None,
                  isolation: CacheIsolation | None = None,
-                 server: int | None = None, servers: int = 1) -> None:
+                 server: int | None = None, servers: int = 1, media_processes: int = 0) -> None:
         self.ipc = ipc
         # with several HTTP processes: this one's index, which prefixes its request keys and
         # control tags so that the detokenizer sends their outputs here (request_ids.py)
@@ -100,6 +101,7 @@ class TokenizerManager:
         self.limits = limits or RequestLimits()
         self.isolation = isolation or CacheIsolation()  # the router's too
         self.image_processor = None
+        self._processor_args = None  # the ImageProcessor's arguments (a media worker's too)
         self.media_pool = None  # decodes images and audio side by side
         self.audio_processor = None
         self.audio_limits = None  # a speech model's: the whole audio's (bytes, seconds)
@@ -127,15 +129,18 @@ class TokenizerManager:
             from seq2serve.encoders.image_processor import ImageProcessor
 
             dtype = getattr(torch, info.get("dtype", "float32"))
-            self.image_processor = ImageProcessor(
-                model_id, model_id, info.get("tokens_per_tile"), pixel_dtype=dtype,
+            self._processor_args = dict(
+                model_path=model_id, model_id=model_id,
+                tokens_per_tile=info.get("tokens_per_tile"), pixel_dtype=dtype,
                 stages=info.get("image_stages"), extra_tokens=info.get("image_extra_tokens", 0),
                 max_grid=info.get("image_max_grid"))
+            self.image_processor = ImageProcessor(**self._processor_args)
         if info.get("has_vision") or info.get("has_audio"):
             # decoding and preprocessing images, and decoding and hashing audio, is CPU work
             # that releases the GIL enough to run side by side
             self.media_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                                  thread_name_prefix="seq2serve-media")
+
         # the languages a translation model's tokenizer names (None: a prompt template's)
         self.languages = TranslationLanguages.of(tokenizer) if self.is_encoder_decoder else None
         # no token covers more characters than this: a longer prompt is refused untokenized
@@ -145,6 +150,13 @@ class TokenizerManager:
         # the scheduler reads them from here when its encoder cache misses
         self.pixel_store = (PixelStore() if self.image_processor is not None
                             or self.audio_processor is not None else None)
+        # images in worker processes instead of the media threads (media_processes), started
+        # with the receive loop (after an HTTP process has forked its body parsers)
+        self.media_workers = None
+        self._media_processes = media_processes if self.image_processor is not None else 0
+        if media_processes and self.image_processor is None:
+            logger.warning("media_processes=%d: this model takes no images, so no media "
+                           "worker is started", media_processes)
         self.control_waiters: dict[str, asyncio.Future] = {}
         self.dead_reason: str | None = None
         self.draining = False  # shutting down: running requests finish, new ones are refused
@@ -159,6 +171,13 @@ class TokenizerManager:
         """Open the sockets and start the receive loop in the running event loop."""
         if self._started:
             return
+        if self._media_processes:
+            from seq2serve.runtime.frontend.media_workers import MediaWorkers
+
+            folder = os.path.join(self.pixel_store.root, "from-workers")
+            self.media_workers = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: MediaWorkers(self._media_processes, self._processor_args,
+                                           self.media_policy, self.answers is not None, folder))
         self._started = True
         ctx = zmq.asyncio.Context()
         # to the scheduler, or to each data-parallel replica's through the router
@@ -379,7 +398,8 @@ class TokenizerManager:
 
         flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
         try:
-            done = iter(list(self.media_pool.map(one, flat)))
+            done = iter(self._in_workers(flat) if self.media_workers is not None
+                        else list(self.media_pool.map(one, flat)))
         finally:
             # a 40-megapixel image passes through a few hundred MB of buffers in its thread;
             # measured: 32 images of 6300x6300 on two threads left 1.2 GB resident, 0.5 after
@@ -387,6 +407,22 @@ class TokenizerManager:
         per = [[next(done) for _ in sources] for sources in per_prompt]
         return ([[f for f, _ in p] for p in per],
                 [p[0][1] if p else None for p in per])
+
+    def _in_workers(self, flat: list[tuple[int, Any]]) -> list:
+        """(features, size) of each (index in its prompt, source), from the media worker
+        processes; a bad image named as the threads name it."""
+        for i, src in flat:  # (what read_image would refuse, refused before it is sent)
+            if not isinstance(src, (str, bytes, bytearray, Image.Image)):
+                raise ValueError(f"image {i}: unsupported image input of type "
+                                 f"{type(src).__name__}")
+        futures = [self.media_workers.submit(src) for _, src in flat]
+        out = []
+        for (i, _), future in zip(flat, futures):
+            try:
+                out.append(future.result())
+            except ValueError as e:
+                raise ValueError(f"image {i}: {e}") from None
+        return out
 
     def check_text(self, text: str, name: str = "text") -> None:
         """A prompt's text before tokenizing: valid Unicode, and not so long that no number
@@ -772,6 +808,8 @@ class TokenizerManager:
             self.control_waiters.pop(tag, None)
 
     async def close(self) -> None:
+        if self.media_workers is not None:
+            self.media_workers.close()
         if self.pixel_store is not None:
             self.pixel_store.close()
         if self._started:
