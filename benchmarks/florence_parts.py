@@ -11,7 +11,8 @@ the decode steps hold a run).
 `--threads`: the engine process's torch threads (the media threads' torch ops; the scheduler
 is a process of its own) tried for each part size. `--jpeg`: each image given as the bytes of
 a JPEG (quality 90, as a client uploads it: the front end decodes it) instead of a decoded
-PIL image. Each line is printed as it is measured.
+PIL image. `--media-processes N`: the engine's images preprocessed in N worker processes
+(`--media-processes`) instead of its media threads. Each line is printed as it is measured.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import seq2serve.runtime.frontend.tokenizer_manager as tm_module
 from seq2serve.runtime.bench import cli_bench
 from seq2serve.runtime.bench.engine_bench import time_engine, warm_engine
+from seq2serve.runtime.frontend import media_workers
 
 
 def main() -> None:
@@ -40,12 +42,18 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--no-compile", action="store_true", help="the tower not compiled")
     p.add_argument("--jpeg", action="store_true", help="images as JPEG bytes (see above)")
+    p.add_argument("--media-processes", type=int, default=0,
+                   help="the engine's media worker processes (0: its media threads)")
     cli = p.parse_args()
+    # (the workers keep no memo here: every round's images are preprocessed again, as the
+    # threads' memo is cleared below)
+    media_workers.WORKER_MEMO = 0
     args = argparse.Namespace(
         shape=None if cli.model_path else "florence-2-large", model_path=cli.model_path,
         num_requests=cli.requests, input_len=16, output_len=64, image_size=None,
         batch_sizes="384", num_beams=3, dtype=cli.dtype, device=cli.device,
-        engine_args=json.dumps({"compile_encoder": not cli.no_compile}), baseline=set())
+        engine_args=json.dumps({"compile_encoder": not cli.no_compile,
+                                "media_processes": cli.media_processes}), baseline=set())
     model_dir, load = cli_bench._model(args)
     _, reqs = cli_bench._requests(model_dir, args, cli.requests)
     if cli.jpeg:
@@ -56,7 +64,8 @@ def main() -> None:
     threads = [int(t) for t in cli.threads.split(",") if t] or [torch.get_num_threads()]
     with cli_bench._engine(model_dir, load, args, 384) as engine:
         tm = engine.tokenizer_manager
-        print(f"image processor {type(tm.image_processor.hf).__name__}", flush=True)
+        print(f"image processor {type(tm.image_processor.hf).__name__}, media processes "
+              f"{cli.media_processes}", flush=True)
         warm_engine(engine, reqs, 3, full=(384, 64))
         sends: list[tuple[float, int]] = []
         send = tm.link.send
