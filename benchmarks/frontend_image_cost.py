@@ -12,6 +12,10 @@ front end's image path is timed on any machine.
 
     OMP_NUM_THREADS=1 python benchmarks/frontend_image_cost.py --threads 1,2,4,8,16
     python benchmarks/frontend_image_cost.py --threads 1,8 --torch-threads 1 --processes 1,4,8,16
+    python benchmarks/frontend_image_cost.py --threads 8 --media-workers 1,8,16
+
+`--media-workers`: the engine's own pool (`--media-processes`, runtime/frontend/media_workers.py),
+the parent's CPU time an image beside the wall time.
 """
 
 import argparse
@@ -87,11 +91,38 @@ def _process_pools(path: str, sizes: list[int], images: int, root: str) -> None:
               f"started in {ready - begun:.1f} s)", flush=True)
 
 
+def _media_workers(path: str, sizes: list[int], images: int, root: str) -> None:
+    """The tokenizer manager's own worker pool (`--media-processes`): what the parent gets is
+    each image's features, its pixels read back from the worker's file."""
+    from seq2serve.runtime.frontend.media_workers import MediaWorkers
+
+    args = dict(model_path=path, model_id="m", tokens_per_tile=None,
+                pixel_dtype=torch.bfloat16, stages=STAGES, extra_tokens=1, memo_size=0)
+    for seed, n in enumerate(sizes):
+        begun = time.perf_counter()
+        workers = MediaWorkers(n, args, MediaPolicy(), True, os.path.join(root, "workers"))
+        try:
+            ready = time.perf_counter()
+            [f.result() for f in map(workers.submit, data_urls(2 * n, 98))]  # (warm)
+            urls = data_urls(images, 200 + seed)
+            cpu, start = time.process_time(), time.perf_counter()
+            [f.result() for f in map(workers.submit, urls)]
+            end, cpu = time.perf_counter(), time.process_time() - cpu
+        finally:
+            workers.close()
+        print(f"{n:2d} media workers: {images} images in {end - start:.3f} s "
+              f"({(end - start) / images * 1e3:.2f} ms an image; the parent's CPU "
+              f"{cpu / images * 1e3:.2f} ms an image; started in {ready - begun:.1f} s)",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="", help="pool sizes, e.g. 1,4,8 (none: stages only)")
     ap.add_argument("--images", type=int, default=128, help="distinct images a pool run")
     ap.add_argument("--processes", default="", help="process pool sizes, e.g. 1,4,8,16")
+    ap.add_argument("--media-workers", default="",
+                    help="MediaWorkers sizes (the engine's --media-processes), e.g. 1,8,16")
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="torch's threads in this process (0: torch's default)")
     args = ap.parse_args()
@@ -137,6 +168,9 @@ def main() -> None:
               f"in {end - mid:.3f} s", flush=True)
     if args.processes:
         _process_pools(path, [int(x) for x in args.processes.split(",")], args.images,
+                       store.root)
+    if args.media_workers:
+        _media_workers(path, [int(x) for x in args.media_workers.split(",")], args.images,
                        store.root)
     store.close()
 

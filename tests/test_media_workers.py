@@ -110,6 +110,25 @@ def test_workers_give_the_processors_features_refuse_bad_images_and_survive_a_de
         workers.submit(images[0])
 
 
+def test_closing_with_images_in_flight_fails_them_and_leaves_nothing(processor_args, tmp_path):
+    folder = tmp_path / "from-workers"
+    workers = MediaWorkers(1, processor_args, MediaPolicy(), with_size=False,
+                           folder=str(folder))
+    pids = workers.pids
+    futures = [workers.submit(_png_url(_image(i, 300, 300))) for i in range(12)]
+    workers.close()
+    for f in futures:  # (each answered or failed by name: none left waiting)
+        try:
+            f.result(timeout=30)
+        except MediaWorkerError as e:
+            assert "closed" in str(e) or "exited" in str(e)
+    assert all(_gone(pid) for pid in pids)
+    deadline = time.monotonic() + 10
+    while os.listdir(folder) and time.monotonic() < deadline:  # (replies read meanwhile)
+        time.sleep(0.1)
+    assert len(os.listdir(folder)) <= 1  # (at most the one a killed worker was writing)
+
+
 def test_a_worker_that_cannot_start_fails_the_start_by_name(tmp_path):
     args = dict(model_path=str(tmp_path / "missing"), model_id="m", tokens_per_tile=None)
     with pytest.raises(MediaWorkerError, match="exited at start"):

@@ -1,14 +1,17 @@
 """Images decoded and preprocessed in worker processes (`--media-processes N`), instead of
 the tokenizer manager's media threads.
 
-The threads share one interpreter: the Python and array work of an image processor holds the
-GIL, and on a 16-core GPU host 4, 8 or 16 media threads all made florence-2-large's 768x768
-images at ~5.2 ms an image against 12.1 ms on one (`benchmarks/frontend_image_cost.py`,
-benchmarks.md). Each worker (`media_worker.py`) has its own interpreter, processor and memo,
+The threads share one interpreter (the Python and array work of an image processor holds the
+GIL) and torch's intra-op threads: on a 16-core GPU host 4, 8 or 16 media threads all made
+florence-2-large's 768x768 images at ~5.2 ms an image against 12.1 ms on one
+(`benchmarks/frontend_image_cost.py`, benchmarks.md; which of the two holds them is not
+measured yet). Each worker (`media_worker.py`) has its own interpreter, processor and memo,
 and one torch thread; the parent sends it a source (a URL, bytes, a path or a PIL image) and
-gets the `ImageFeatures` back, its pixels in the reply. A task goes to the worker with the
-fewest in flight. A worker that dies fails the tasks it held with a clear error and is
-started again; one that cannot start fails the engine's start with its reason."""
+gets the `ImageFeatures` back, their pixels left in a file in host memory (the pixel store's
+folder) and read back (through the pipe they cost a few ms an image more). A task goes to the
+worker with the fewest in flight. A worker that dies fails the tasks it held with a clear
+error and is started again; one that cannot start fails the engine's start with its
+reason."""
 
 from __future__ import annotations
 
@@ -87,6 +90,7 @@ class _Worker:
         self.tasks = Connection(task_w, readable=False)
         self.results = Connection(result_r, writable=False)
         self.pending: dict[int, Future] = {}
+        self.reading = False  # a reader thread owns `results` (and closes it)
         send(self.tasks, config)
         # (tasks are sent from a thread of the worker's own: a send blocks while the worker
         # is busy and its pipe full, and other workers' tasks must not wait behind it)
@@ -95,6 +99,8 @@ class _Worker:
                          name=f"seq2serve-media-sender-{self.proc.pid}").start()
 
     def _send_tasks(self) -> None:
+        """(This thread alone writes to and closes `tasks`: a pipe closed under a blocked
+        write could see its number reused by another file.)"""
         while (item := self.outbox.get()) is not None:
             task_id, src = item
             try:
@@ -106,6 +112,7 @@ class _Worker:
                     future.set_exception(MediaWorkerError(f"a media worker did not take an "
                                                           f"image ({e})"))
             del item, src
+        self.tasks.close()
 
     def wait_ready(self, timeout: float) -> None:
         """The worker's ready report; MediaWorkerError if it exits or is silent first."""
@@ -115,20 +122,19 @@ class _Worker:
         try:
             recv(self.results)
         except (EOFError, OSError):
-            code = self.proc.wait()
-            raise MediaWorkerError(f"a media worker exited at start (code {code}; its "
-                                   f"error is above, on stderr)") from None
+            self.kill()
+            raise MediaWorkerError(f"a media worker exited at start (code "
+                                   f"{self.proc.returncode}; its error is above, on "
+                                   f"stderr)") from None
 
     def kill(self) -> None:
+        """Ends the process; its pipes then end, and the threads that own them close them."""
         self.outbox.put(None)
-        for conn in (self.tasks, self.results):
-            try:
-                conn.close()
-            except OSError:
-                pass
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        if not self.reading:
+            self.results.close()
 
 
 class MediaWorkers:
@@ -191,6 +197,7 @@ class MediaWorkers:
 
     # --- inside --------------------------------------------------------------------------------
     def _read_in_background(self, worker: _Worker) -> None:
+        worker.reading = True
         threading.Thread(target=self._read, args=(worker,), daemon=True,
                          name=f"seq2serve-media-reader-{worker.proc.pid}").start()
 
@@ -199,6 +206,7 @@ class MediaWorkers:
             try:
                 task_id, status, value = recv(worker.results)
             except Exception:  # noqa: BLE001 - it exited, or broke the protocol: replaced
+                worker.results.close()
                 break
             future = worker.pending.pop(task_id, None)
             if future is None:
