@@ -97,16 +97,18 @@ def _media_workers(path: str, sizes: list[int], images: int, root: str) -> None:
     from seq2serve.runtime.frontend.media_workers import MediaWorkers
 
     args = dict(model_path=path, model_id="m", tokens_per_tile=None,
-                pixel_dtype=torch.bfloat16, stages=STAGES, extra_tokens=1, memo_size=0)
+                pixel_dtype=torch.bfloat16, stages=STAGES, extra_tokens=1)
     for seed, n in enumerate(sizes):
         begun = time.perf_counter()
         workers = MediaWorkers(n, args, MediaPolicy(), True, os.path.join(root, "workers"))
         try:
             ready = time.perf_counter()
-            [f.result() for f in map(workers.submit, data_urls(2 * n, 98))]  # (warm)
+            # (every image submitted before the first is waited for, as the tokenizer
+            # manager does)
+            [f.result() for f in list(map(workers.submit, data_urls(2 * n, 98)))]  # (warm)
             urls = data_urls(images, 200 + seed)
             cpu, start = time.process_time(), time.perf_counter()
-            [f.result() for f in map(workers.submit, urls)]
+            [f.result() for f in list(map(workers.submit, urls))]
             end, cpu = time.perf_counter(), time.process_time() - cpu
         finally:
             workers.close()

@@ -68,7 +68,7 @@ def test_workers_give_the_processors_features_refuse_bad_images_and_survive_a_de
                            folder=str(tmp_path / "from-workers"))
     try:
         assert len(set(workers.pids)) == 2
-        got = [f.result(timeout=60) for f in map(workers.submit, sources)]
+        got = [f.result(timeout=60) for f in list(map(workers.submit, sources))]
         for src, image, (features, size) in zip(sources, images, got):
             want = local(*read_image(src, MediaPolicy()))
             assert features.key == want.key and features.num_tokens == want.num_tokens
@@ -98,7 +98,7 @@ def test_workers_give_the_processors_features_refuse_bad_images_and_survive_a_de
         while len(workers.pids) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(workers.pids) == 2 and victim not in workers.pids
-        answers = [f.result(timeout=60) for f in map(workers.submit, sources)]
+        answers = [f.result(timeout=60) for f in list(map(workers.submit, sources))]
         assert all(torch.equal(a[0].pixel_values, g[0].pixel_values)
                    for a, g in zip(answers, got))
         assert not os.listdir(tmp_path / "from-workers")  # every file read back and removed
