@@ -71,6 +71,18 @@ def _widen(fd: int) -> None:
         pass
 
 
+def _settle(future: Future | None, result: Any = None,
+            error: BaseException | None = None) -> None:
+    """A task's answer to its future, unless it has none or was cancelled (its caller
+    stopped waiting: an earlier image of its call was refused)."""
+    if future is None or not future.set_running_or_notify_cancel():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class MediaWorkerError(RuntimeError):
     """A media worker failed on an input for a reason other than the input (it died, or its
     processor raised other than a ValueError)."""
@@ -107,10 +119,8 @@ class _Worker:
                 send(self.tasks, item)
             except Exception as e:  # noqa: BLE001 - the future says it
                 # (it died: its reader replaces it; or the source does not pickle)
-                future = self.pending.pop(task_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(MediaWorkerError(f"a media worker did not take an "
-                                                          f"image ({e})"))
+                _settle(self.pending.pop(task_id, None),
+                        error=MediaWorkerError(f"a media worker did not take an image ({e})"))
             del item, src
         self.tasks.close()
 
@@ -209,18 +219,18 @@ class MediaWorkers:
                 worker.results.close()
                 break
             future = worker.pending.pop(task_id, None)
-            if future is None:
-                continue
             if status == "ok":
                 try:
-                    future.set_result(_received(*value))
+                    result = _received(*value)  # (its file removed even if none waits)
                 except (OSError, ValueError) as e:
-                    future.set_exception(MediaWorkerError(f"an image's pixels were lost "
-                                                          f"between processes: {e}"))
+                    _settle(future, error=MediaWorkerError(f"an image's pixels were lost "
+                                                           f"between processes: {e}"))
+                else:
+                    _settle(future, result)
             elif status == "refused":
-                future.set_exception(ValueError(value))
+                _settle(future, error=ValueError(value))
             else:
-                future.set_exception(MediaWorkerError(f"the image processor failed: {value}"))
+                _settle(future, error=MediaWorkerError(f"the image processor failed: {value}"))
         self._replace(worker)
 
     def _replace(self, worker: _Worker) -> None:
@@ -262,6 +272,4 @@ class MediaWorkers:
     @staticmethod
     def _fail(worker: _Worker, reason: str) -> None:
         for task_id in list(worker.pending):
-            future = worker.pending.pop(task_id, None)
-            if future is not None and not future.done():
-                future.set_exception(MediaWorkerError(reason))
+            _settle(worker.pending.pop(task_id, None), error=MediaWorkerError(reason))

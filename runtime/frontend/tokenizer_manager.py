@@ -9,9 +9,10 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,34 @@ class _ReqState:
     # a Florence-2 task's answer: its text decoded here (florence_answers.py), then parsed
     answer: TaskAnswer | None = None
     parsed: dict | None = None
+
+
+class MediaTurn:
+    """A part's turn to queue its images on the media threads or workers (`media_parts`):
+    after the part before it has queued its own. All of a call's parts are tokenized at once,
+    on as many threads, and each queued its images as its thread got to it, so parts' images
+    could interleave in the queue and a part wait on images of later parts (seen on the CI
+    host: images did not start in their parts' order; how much it cost there was within the
+    noise, on 2 media threads). In turn, the media threads take a call's images in its
+    parts' order."""
+
+    def __init__(self, before: MediaTurn | None) -> None:
+        self.before = before
+        self.done = threading.Event()
+
+    def wait(self) -> None:
+        if self.before is not None:
+            self.before.done.wait()
+
+    def queued(self) -> None:
+        self.done.set()
+
+    @staticmethod
+    def chain(n: int) -> list[MediaTurn]:
+        turns: list[MediaTurn] = []
+        for _ in range(n):
+            turns.append(MediaTurn(turns[-1] if turns else None))
+        return turns
 
 
 class TokenizerManager:
@@ -213,13 +242,18 @@ class TokenizerManager:
         self._check_image_counts([item["image_data"] for item in items])
         return is_batch, items
 
-    def _tokenize_items(self, obj: GenerateReqInput, items: list[dict[str, Any]], group: str
+    def _tokenize_items(self, obj: GenerateReqInput, items: list[dict[str, Any]], group: str,
+                        turn: MediaTurn | None = None
                         ) -> tuple[list[TokenizedRequest], dict[str, TaskAnswer]]:
         """The TokenizedRequests of `items` (all the call's prompts, or a part of them:
         `media_parts`), their images and audio preprocessed, and the results that answer a
         Florence-2 task, by rid. `group`: the call's (the scheduler admits callers fairly,
         not prompts)."""
-        per_item, sizes = self._sized_images([item["image_data"] for item in items])
+        try:
+            per_item, sizes = self._sized_images([item["image_data"] for item in items], turn)
+        finally:
+            if turn is not None:  # (whatever happened: the next part does not wait on it)
+                turn.queued()
         per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
         tasks: dict[str, tuple] = {}  # result rid -> (task, image size, stop strings)
@@ -379,27 +413,24 @@ class TokenizerManager:
             raise ValueError(f"{count} images in one request (all its prompts), over the "
                              f"limit of {self.limits.max_images_total} (max_images_per_call)")
 
-    def _sized_images(self, per_prompt: list[list]
+    def _sized_images(self, per_prompt: list[list], turn: MediaTurn | None = None
                       ) -> tuple[list[list[ImageFeatures]], list[tuple[int, int] | None]]:
         """`_images`, and each prompt's first image's (width, height) where a Florence-2
-        answer may need it (None otherwise)."""
-        if not any(per_prompt):
-            return [[] for _ in per_prompt], [None] * len(per_prompt)
-        self._check_image_counts(per_prompt)
-
-        def one(i_src):
-            i, src = i_src
-            try:
-                ident, decode = read_image(src, self.media_policy)
-                size = image_size(src, ident) if self.answers is not None else None
-                return self.image_processor(ident, decode), size
-            except ValueError as e:
-                raise ValueError(f"image {i}: {e}") from None
-
-        flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
+        answer may need it (None otherwise). `turn`: a part of a call queues its images after
+        the part before it has queued its own (`MediaTurn`)."""
         try:
-            done = iter(self._in_workers(flat) if self.media_workers is not None
-                        else list(self.media_pool.map(one, flat)))
+            if not any(per_prompt):
+                return [[] for _ in per_prompt], [None] * len(per_prompt)
+            self._check_image_counts(per_prompt)
+            flat = [(i, src) for sources in per_prompt for i, src in enumerate(sources)]
+            if turn is not None:
+                turn.wait()
+            results = self._queue_images(flat)
+        finally:
+            if turn is not None:
+                turn.queued()
+        try:
+            done = iter(results())
         finally:
             # a 40-megapixel image passes through a few hundred MB of buffers in its thread;
             # measured: 32 images of 6300x6300 on two threads left 1.2 GB resident, 0.5 after
@@ -408,21 +439,39 @@ class TokenizerManager:
         return ([[f for f, _ in p] for p in per],
                 [p[0][1] if p else None for p in per])
 
-    def _in_workers(self, flat: list[tuple[int, Any]]) -> list:
-        """(features, size) of each (index in its prompt, source), from the media worker
-        processes; a bad image named as the threads name it."""
-        for i, src in flat:  # (what read_image would refuse, refused before it is sent)
-            if not isinstance(src, (str, bytes, bytearray, Image.Image)):
-                raise ValueError(f"image {i}: unsupported image input of type "
-                                 f"{type(src).__name__}")
-        futures = [self.media_workers.submit(src) for _, src in flat]
-        out = []
-        for (i, _), future in zip(flat, futures):
+    def _queue_images(self, flat: list[tuple[int, Any]]) -> Callable[[], list]:
+        """Queue each (index in its prompt, source) on the media threads or workers; a
+        function that waits for their (features, size), in order. A bad image is named as
+        `image i`, and what was queued after it is dropped."""
+        if self.media_workers is not None:
+            for i, src in flat:  # (what read_image would refuse, refused before it is sent)
+                if not isinstance(src, (str, bytes, bytearray, Image.Image)):
+                    raise ValueError(f"image {i}: unsupported image input of type "
+                                     f"{type(src).__name__}")
+            futures = [self.media_workers.submit(src) for _, src in flat]
+        else:
+            def one(i_src):
+                i, src = i_src
+                ident, decode = read_image(src, self.media_policy)
+                size = image_size(src, ident) if self.answers is not None else None
+                return self.image_processor(ident, decode), size
+
+            futures = [self.media_pool.submit(one, x) for x in flat]
+
+        def results() -> list:
+            out = []
             try:
-                out.append(future.result())
-            except ValueError as e:
-                raise ValueError(f"image {i}: {e}") from None
-        return out
+                for (i, _), future in zip(flat, futures):
+                    try:
+                        out.append(future.result())
+                    except ValueError as e:
+                        raise ValueError(f"image {i}: {e}") from None
+            finally:
+                for future in futures[len(out):]:
+                    future.cancel()
+            return out
+
+        return results
 
     def check_text(self, text: str, name: str = "text") -> None:
         """A prompt's text before tokenizing: valid Unicode, and not so long that no number
@@ -571,8 +620,9 @@ class TokenizerManager:
         sent: list[TokenizedRequest] = []  # as sent (images by their PixelStore files)
         # every part's preprocessing is queued at once (the media threads never wait for a
         # part to be sent); each part goes as soon as it and the ones before it are ready
-        parts = [loop.run_in_executor(None, self._tokenize_items, obj, items[part], group)
-                 for part in media_parts(items, obj.decoder_variants is None)]
+        slices = media_parts(items, obj.decoder_variants is None)
+        parts = [loop.run_in_executor(None, self._tokenize_items, obj, items[part], group, turn)
+                 for part, turn in zip(slices, MediaTurn.chain(len(slices)))]
         try:
             for part in parts:
                 reqs, answers = await part
