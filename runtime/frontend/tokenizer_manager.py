@@ -169,7 +169,6 @@ class TokenizerManager:
             # that releases the GIL enough to run side by side
             self.media_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                                  thread_name_prefix="seq2serve-media")
-
         # the languages a translation model's tokenizer names (None: a prompt template's)
         self.languages = TranslationLanguages.of(tokenizer) if self.is_encoder_decoder else None
         # no token covers more characters than this: a longer prompt is refused untokenized
