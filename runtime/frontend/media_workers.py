@@ -94,9 +94,12 @@ class _Worker:
         result_r, result_w = os.pipe()
         _widen(task_w)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # (out of the terminal's process group: a Ctrl-C reaches the server, which closes its
+        # workers, not each worker, whose death the server would then answer with another)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "seq2serve.runtime.frontend.media_worker", str(task_r),
-             str(result_w)], pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, env=env)
+             str(result_w)], pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
         os.close(task_r)
         os.close(result_w)
         self.tasks = Connection(task_w, readable=False)
