@@ -4,8 +4,8 @@ URL (base64), decoding and preprocessing (`ImageProcessor`: HF's processor, with
 the deferred normalization), the pixel-store write), then the whole of it for `--images`
 distinct images on thread pools of `--threads` sizes (the media pool's: `min(8, cores)`), and
 on pools of `--processes` worker processes (each with its own processor and one torch thread,
-writing each image's pixels to the store's folder itself, as a media process pool would: the
-parent only maps the results), to tell the GIL's share from the machine's. `--torch-threads`:
+writing each image's pixels to the store's folder itself: the parent gets only each image's
+key back), to tell the GIL's share from the machine's. `--torch-threads`:
 torch's intra-op threads in this process for the thread pools (the tokenizer manager's
 default is every core, from every media thread at once). No model and no GPU: a change to the
 front end's image path is timed on any machine.
@@ -97,7 +97,7 @@ def _media_workers(path: str, sizes: list[int], images: int, root: str) -> None:
     from seq2serve.runtime.frontend.media_workers import MediaWorkers
 
     args = dict(model_path=path, model_id="m", tokens_per_tile=None,
-                pixel_dtype=torch.bfloat16, stages=STAGES, extra_tokens=1)
+                pixel_dtype=torch.bfloat16, stages=STAGES, extra_tokens=1, memo_size=0)
     for seed, n in enumerate(sizes):
         begun = time.perf_counter()
         workers = MediaWorkers(n, args, MediaPolicy(), True, os.path.join(root, "workers"))

@@ -13,15 +13,25 @@ import sys
 from multiprocessing.connection import Connection
 
 
+def prepared(src, policy, processor, with_size: bool) -> tuple:
+    """(ImageFeatures, (width, height) or None) of one image source: read under `policy`,
+    decoded and preprocessed by `processor` (an ImageProcessor), its size read where Florence-2's
+    answers need it. What a media thread and a media worker both do with an image."""
+    from seq2serve.encoders.image_loader import read_image
+    from seq2serve.runtime.frontend.florence_answers import image_size
+
+    ident, decode = read_image(src, policy)
+    size = image_size(src, ident) if with_size else None
+    return processor(ident, decode), size
+
+
 def serve(tasks: Connection, results: Connection) -> None:
     """Answer tasks until the parent closes `tasks`. The first message is the config:
     ImageProcessor's keyword arguments, the MediaPolicy, and whether to read image sizes."""
     import torch
 
     torch.set_num_threads(1)
-    from seq2serve.encoders.image_loader import read_image
     from seq2serve.encoders.image_processor import ImageProcessor
-    from seq2serve.runtime.frontend.florence_answers import image_size
     from seq2serve.runtime.frontend.media_workers import recv, send
     from seq2serve.runtime.memory.host_memory import PeriodicTrim
 
@@ -36,10 +46,8 @@ def serve(tasks: Connection, results: Connection) -> None:
         except EOFError:
             return
         try:
-            ident, decode = read_image(src, policy)
-            size = image_size(src, ident) if with_size else None
-            reply = (task_id, "ok", (*_passed(processor(ident, decode), folder, task_id),
-                                     size))
+            features, size = prepared(src, policy, processor, with_size)
+            reply = (task_id, "ok", (*_passed(features, folder, task_id), size))
         except ValueError as e:  # the input's fault: the caller names it
             reply = (task_id, "refused", str(e))
         except Exception as e:  # noqa: BLE001 - sent back, the worker goes on

@@ -22,18 +22,19 @@ import zmq.asyncio
 from PIL import Image
 
 from seq2serve.encoders.encoder_input import ImageFeatures, cross_spans
-from seq2serve.encoders.image_loader import MediaPolicy, read_image
+from seq2serve.encoders.image_loader import MediaPolicy
 from seq2serve.encoders.pixel_store import PixelStore
 from seq2serve.runtime.config.sampling_params import SamplingParams
 from seq2serve.runtime.config.server_args import CacheIsolation, RequestLimits
 from seq2serve.runtime.frontend import image_prompts
-from seq2serve.runtime.frontend.florence_answers import FlorenceAnswers, TaskAnswer, image_size
+from seq2serve.runtime.frontend.florence_answers import FlorenceAnswers, TaskAnswer
 from seq2serve.runtime.frontend.generate_request import (
     GenerateReqInput,
     invalid_text,
     rows_per_prompt,
 )
 from seq2serve.runtime.frontend.languages import TranslationLanguages
+from seq2serve.runtime.frontend.media_worker import prepared
 from seq2serve.runtime.frontend.min_length import runtime_min_new_tokens
 from seq2serve.runtime.frontend.prompts import role_markers
 from seq2serve.runtime.frontend.replica_replies import merge_replies
@@ -248,11 +249,7 @@ class TokenizerManager:
         `media_parts`), their images and audio preprocessed, and the results that answer a
         Florence-2 task, by rid. `group`: the call's (the scheduler admits callers fairly,
         not prompts)."""
-        try:
-            per_item, sizes = self._sized_images([item["image_data"] for item in items], turn)
-        finally:
-            if turn is not None:  # (whatever happened: the next part does not wait on it)
-                turn.queued()
+        per_item, sizes = self._sized_images([item["image_data"] for item in items], turn)
         per_item = [imgs + audio for imgs, audio in zip(per_item, self._audio(items))]
         reqs = []
         tasks: dict[str, tuple] = {}  # result rid -> (task, image size, stop strings)
@@ -416,7 +413,8 @@ class TokenizerManager:
                       ) -> tuple[list[list[ImageFeatures]], list[tuple[int, int] | None]]:
         """`_images`, and each prompt's first image's (width, height) where a Florence-2
         answer may need it (None otherwise). `turn`: a part of a call queues its images after
-        the part before it has queued its own (`MediaTurn`)."""
+        the part before it has queued its own (`MediaTurn`); it is marked queued whatever
+        happens, so the next part never waits on a part that failed."""
         try:
             if not any(per_prompt):
                 return [[] for _ in per_prompt], [None] * len(per_prompt)
@@ -449,13 +447,9 @@ class TokenizerManager:
                                      f"{type(src).__name__}")
             futures = [self.media_workers.submit(src) for _, src in flat]
         else:
-            def one(i_src):
-                i, src = i_src
-                ident, decode = read_image(src, self.media_policy)
-                size = image_size(src, ident) if self.answers is not None else None
-                return self.image_processor(ident, decode), size
-
-            futures = [self.media_pool.submit(one, x) for x in flat]
+            futures = [self.media_pool.submit(prepared, src, self.media_policy,
+                                              self.image_processor, self.answers is not None)
+                       for _, src in flat]
 
         def results() -> list:
             out = []
